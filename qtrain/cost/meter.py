@@ -1,0 +1,66 @@
+"""The bit-MAC meter: the exact computational cost of a training run (FracTrain's CC).
+
+Every step adds, per layer, ``samples * MACs * b_a*b_w/1024`` for the forward GEMM,
+``* b_g*b_w/1024`` for the error GEMM and ``* b_a*b_gw/1024`` for the weight-gradient GEMM, read
+from the method's precision record of that step, so methods that change bits per step or mix them
+per sample are charged exactly. Totals are "effective MACs" (float32-equivalent MACs, the unit of
+FracTrain's tables); bit-MACs are 1024 times that. A float32 step costs 3 MACs per MAC per sample.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from qtrain.precision import PrecisionRecord
+
+GEMMS = ("forward", "backward_input", "backward_weight")
+
+
+class CostMeter:
+    def __init__(self, macs: dict[str, int]) -> None:
+        self.macs = dict(macs)
+        self.samples = 0
+        self.effective = {name: [0.0, 0.0, 0.0] for name in self.macs}
+
+    def add(self, record: PrecisionRecord, samples: int) -> None:
+        """Charge one step of ``samples`` samples at the precision in ``record`` (absent layers: float32)."""
+        self.samples += samples
+        for name, macs in self.macs.items():
+            acc = self.effective[name]
+            layer = record.get(name)
+            if layer is None:
+                fractions = (1.0, 1.0, 1.0)
+            else:
+                fractions = layer.gemm_fractions()
+            for i in range(3):
+                acc[i] += samples * macs * fractions[i]
+
+    def total(self) -> float:
+        """Effective MACs so far."""
+        return sum(sum(v) for v in self.effective.values())
+
+    def float32_total(self) -> float:
+        """What the same samples would have cost in float32."""
+        return 3.0 * self.samples * sum(self.macs.values())
+
+    def percent_of_float32(self) -> float:
+        f32 = self.float32_total()
+        return 100.0 * self.total() / f32 if f32 else 0.0
+
+    def table(self) -> pd.DataFrame:
+        """Per-layer cost: MACs per sample, effective MACs of each GEMM, and % of float32."""
+        rows = []
+        for name, macs in self.macs.items():
+            eff = self.effective[name]
+            f32 = 3.0 * self.samples * macs
+            rows.append({"layer": name, "macs_per_sample": macs, **dict(zip(GEMMS, eff)),
+                         "effective_macs": sum(eff), "float32_macs": f32,
+                         "percent_of_float32": 100.0 * sum(eff) / f32 if f32 else 0.0})
+        return pd.DataFrame(rows)
+
+    def state_dict(self) -> dict:
+        return {"samples": self.samples, "effective": {k: list(v) for k, v in self.effective.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples = state["samples"]
+        self.effective = {k: list(v) for k, v in state["effective"].items()}

@@ -1,0 +1,28 @@
+"""Dataset registry: a name in the config loads the data (DESIGN.md, "Data")."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from qtrain.data.batches import BatchStream, ImageData, ImageSplit
+from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
+from qtrain.errors import ConfigError
+
+DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "mnist")
+
+
+def load_data(cfg: DictConfig) -> ImageData:
+    """Load the dataset that ``cfg`` (the ``data`` config group) names."""
+    name = cfg.name
+    if name == "digits":
+        return load_digits_data()
+    if name == "synthetic":
+        return make_synthetic_data(cfg.n_train, cfg.n_test, cfg.num_classes, cfg.channels, cfg.size, cfg.seed)
+    if name in ("cifar10", "cifar100"):
+        return load_cifar(cfg.root, int(name[5:]))
+    if name == "mnist":
+        return load_mnist(cfg.root)
+    raise ConfigError(f"unknown dataset {name!r} (choose from: {', '.join(DATASETS)})")
+
+
+__all__ = ["BatchStream", "ImageData", "ImageSplit", "DATASETS", "load_data"]

@@ -1,0 +1,102 @@
+"""Tensor-resident image data and its batch stream (DESIGN.md, "Data").
+
+Images stay a uint8 tensor on the training device; each batch is gathered, padded, randomly
+cropped and flipped as whole-batch tensor operations, then normalized. No per-sample Python in the
+hot loop. The order and the augmentation of an epoch depend only on (seed, epoch), so a resumed
+run sees exactly the batches an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.nn import functional as F
+
+
+@dataclass
+class ImageSplit:
+    """Images (N, C, H, W) uint8 in [0, pixel_max] and their int64 labels."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def to(self, device: torch.device) -> ImageSplit:
+        return ImageSplit(self.images.to(device), self.labels.to(device))
+
+
+@dataclass
+class ImageData:
+    """A classification dataset: splits, class count and the per-channel normalization."""
+
+    name: str
+    train: ImageSplit
+    test: ImageSplit
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    pixel_max: float = 255.0
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train.images.shape[1:])
+
+
+def channel_stats(images: torch.Tensor, pixel_max: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of uint8 images scaled to [0, 1]."""
+    x = images.to(torch.float64).div(pixel_max).transpose(0, 1).reshape(images.shape[1], -1)
+    return tuple(x.mean(1).tolist()), tuple(x.std(1).tolist())
+
+
+class BatchStream:
+    """Batches of one split: shuffled and augmented for training, in order for evaluation."""
+
+    def __init__(
+        self,
+        data: ImageData,
+        split: ImageSplit,
+        batch_size: int,
+        seed: int,
+        train: bool,
+        crop_padding: int = 0,
+        flip: bool = False,
+    ) -> None:
+        self.split, self.batch_size, self.seed, self.train = split, batch_size, seed, train
+        self.crop_padding, self.flip = (crop_padding, flip) if train else (0, False)
+        device = split.images.device
+        channels = data.image_shape[0]
+        self.mean = torch.tensor(data.mean, device=device).view(1, channels, 1, 1) * data.pixel_max
+        self.inv_std = 1.0 / (torch.tensor(data.std, device=device).view(1, channels, 1, 1) * data.pixel_max)
+
+    def __len__(self) -> int:
+        return -(-len(self.split) // self.batch_size)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n, device = len(self.split), self.split.images.device
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=gen).to(device) if self.train else torch.arange(n, device=device)
+        for start in range(0, n, self.batch_size):
+            idx = order[start:start + self.batch_size]
+            x = self.split.images[idx].to(torch.float32)
+            if self.crop_padding:
+                x = self._random_crop(x, gen)
+            if self.flip:
+                flips = (torch.rand(len(idx), generator=gen) < 0.5).to(device).view(-1, 1, 1, 1)
+                x = torch.where(flips, x.flip(3), x)
+            yield (x - self.mean) * self.inv_std, self.split.labels[idx]
+
+    def _random_crop(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        b, _, h, w = x.shape
+        p = self.crop_padding
+        padded = F.pad(x, (p, p, p, p))
+        dy = torch.randint(0, 2 * p + 1, (b, 1), generator=gen).to(x.device)
+        dx = torch.randint(0, 2 * p + 1, (b, 1), generator=gen).to(x.device)
+        rows = (dy + torch.arange(h, device=x.device)).view(b, 1, h, 1)
+        cols = (dx + torch.arange(w, device=x.device)).view(b, 1, 1, w)
+        batch = torch.arange(b, device=x.device).view(b, 1, 1, 1)
+        chans = torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1)
+        return padded[batch, chans, rows, cols]

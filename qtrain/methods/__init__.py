@@ -1,0 +1,22 @@
+"""Method registry: ``method.name`` in the config picks the class (one file per method)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from qtrain.errors import ConfigError
+from qtrain.methods.base import Method, StepInfo
+from qtrain.methods.float32 import Float32
+from qtrain.methods.sbm import SBM
+
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM)}
+
+
+def build_method(cfg: DictConfig) -> Method:
+    """Instantiate the method ``cfg.name`` with its config (validated by the method)."""
+    if cfg.name not in METHODS:
+        raise ConfigError(f"unknown method {cfg.name!r} (choose from: {', '.join(sorted(METHODS))})")
+    return METHODS[cfg.name](cfg)
+
+
+__all__ = ["METHODS", "Method", "StepInfo", "build_method"]

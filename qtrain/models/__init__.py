@@ -1,0 +1,33 @@
+"""Model registry (timm's style): a name in the config builds the model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from torch import nn
+
+from qtrain.errors import ConfigError
+from qtrain.models.alexnet import AlexNetCIFAR
+from qtrain.models.resnet_cifar import ResNetCIFAR
+
+MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
+    "resnet20": (ResNetCIFAR, partial(ResNetCIFAR, 20)),
+    "resnet38": (ResNetCIFAR, partial(ResNetCIFAR, 38)),
+    "resnet74": (ResNetCIFAR, partial(ResNetCIFAR, 74)),
+    "alexnet": (AlexNetCIFAR, AlexNetCIFAR),
+}
+
+
+def build_model(name: str, in_channels: int, num_classes: int, input_size: tuple[int, int]) -> nn.Module:
+    """Build model ``name`` for ``in_channels`` x ``input_size`` images of ``num_classes`` classes."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r} (choose from: {', '.join(sorted(MODELS))})")
+    cls, make = MODELS[name]
+    h, w = input_size
+    if h != w:
+        raise ConfigError(f"model {name} takes square inputs, got {h}x{w}")
+    if h < cls.min_input_size:
+        raise ConfigError(f"input {in_channels}x{h}x{w} is too small for model {name}: it needs at least "
+                          f"{cls.min_input_size}x{cls.min_input_size}")
+    return make(in_channels=in_channels, num_classes=num_classes, input_size=h)

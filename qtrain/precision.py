@@ -1,0 +1,80 @@
+"""The per-layer precision record: the single source for precision logging and the cost model.
+
+A method reports, for each quantized layer, which bits each operand of the three training GEMMs
+uses (DESIGN.md, "The method interface"). Where a layer mixes precisions within a step (per sample
+or per block) the record carries each option's share, so the cost stays exact; a share that the
+options do not cover is work that was skipped (a 0-bit block), which costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Bits:
+    """Bit-widths of weights, activations, the error-path gradient and the weight-gradient-path gradient."""
+
+    weight: float = 32
+    act: float = 32
+    grad: float = 32
+    grad_weight: float = 32
+
+    def gemm_fractions(self) -> tuple[float, float, float]:
+        """Cost of the forward, error and weight-gradient GEMMs relative to float32 (FracTrain's CC)."""
+        return (
+            self.act * self.weight / 1024,
+            self.grad * self.weight / 1024,
+            self.act * self.grad_weight / 1024,
+        )
+
+
+FLOAT32 = Bits()
+
+
+@dataclass(frozen=True)
+class LayerPrecision:
+    """The precision options in use by one layer, each with the share of the work it does."""
+
+    options: tuple[tuple[float, Bits], ...]
+    fmt: str = "float32"
+
+    @classmethod
+    def uniform(cls, bits: Bits, fmt: str) -> LayerPrecision:
+        return cls(((1.0, bits),), fmt)
+
+    def gemm_fractions(self) -> tuple[float, float, float]:
+        """Share-weighted cost of the three GEMMs relative to float32."""
+        total = [0.0, 0.0, 0.0]
+        for share, bits in self.options:
+            for i, f in enumerate(bits.gemm_fractions()):
+                total[i] += share * f
+        return total[0], total[1], total[2]
+
+
+PrecisionRecord = dict[str, LayerPrecision]
+
+FLOAT32_LAYER = LayerPrecision.uniform(FLOAT32, "float32")
+
+
+@torch.no_grad()
+def weight_density(layer: nn.Module) -> float:
+    """Share of non-zero weights in what the forward pass sees (the quantized copy, where there is one)."""
+    weight = layer.quantized_weight() if hasattr(layer, "quantized_weight") else layer.weight
+    return weight.count_nonzero().item() / weight.numel()
+
+
+def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[str, nn.Module]) -> list[dict]:
+    """precision.csv rows: one per layer and precision option, with its share and the weight density."""
+    rows = []
+    for name, layer in layers.items():
+        entry = record.get(name, FLOAT32_LAYER)
+        density = weight_density(layer)
+        for share, bits in entry.options:
+            rows.append({"epoch": epoch, "step": step, "layer": name, "format": entry.fmt, "share": share,
+                         "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
+                         "grad_weight_bits": bits.grad_weight, "density": density})
+    return rows

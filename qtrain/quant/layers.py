@@ -1,0 +1,102 @@
+"""Quantized Conv2d and Linear, and the one call that installs them in a model (torchao's style).
+
+A quantized layer keeps the float32 master weight as its parameter and holds an
+:class:`OperandQuantizers`: one quantizer (or None for float32) per operand of its three GEMMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from qtrain.quant.autograd import BifurcatedGEMM, quantize_grad, quantize_ste
+from qtrain.quant.quantizers import Quantizer
+
+
+class OperandQuantizers(nn.Module):
+    """Quantizers of a layer's operands; ``grad_weight`` None means the weight-gradient path reuses ``grad``."""
+
+    def __init__(
+        self,
+        weight: Quantizer | None = None,
+        act: Quantizer | None = None,
+        grad: Quantizer | None = None,
+        grad_weight: Quantizer | None = None,
+    ) -> None:
+        super().__init__()
+        if grad_weight is not None and grad is None:
+            raise ValueError("a separate weight-gradient quantizer needs an error-path quantizer too")
+        self.weight, self.act, self.grad, self.grad_weight = weight, act, grad, grad_weight
+
+    def bits(self) -> dict[str, int]:
+        """Bits per operand as the cost model charges them (32 where an operand stays float32)."""
+        width = {name: (q.bits if q is not None else 32) for name, q in self.named_operands()}
+        if self.grad_weight is None:
+            width["grad_weight"] = width["grad"]
+        return width
+
+    def named_operands(self) -> list[tuple[str, Quantizer | None]]:
+        return [("weight", self.weight), ("act", self.act), ("grad", self.grad), ("grad_weight", self.grad_weight)]
+
+
+class _Quantized:
+    """Forward shared by the quantized layers: quantize operands, run the GEMM, quantize its gradient."""
+
+    quant: OperandQuantizers
+
+    def quantized_weight(self) -> torch.Tensor:
+        q = self.quant.weight
+        return q(self.weight) if q is not None else self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.quant
+        if q.act is not None:
+            x = quantize_ste(x, q.act)
+        weight = quantize_ste(self.weight, q.weight) if q.weight is not None else self.weight
+        if q.grad_weight is not None:
+            return BifurcatedGEMM.apply(x, weight, self.bias, self)
+        out = self.gemm(x, weight, self.bias)
+        return quantize_grad(out, q.grad) if q.grad is not None and torch.is_grad_enabled() else out
+
+
+class QConv2d(_Quantized, nn.Conv2d):
+    def gemm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class QLinear(_Quantized, nn.Linear):
+    def gemm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+
+def _quantized_copy(layer: nn.Module, quant: OperandQuantizers) -> nn.Module:
+    """A QConv2d/QLinear that shares ``layer``'s parameters and buffers (no copy of the weights)."""
+    cls = QConv2d if isinstance(layer, nn.Conv2d) else QLinear
+    new = cls.__new__(cls)
+    new.__dict__.update(layer.__dict__)
+    new._modules = dict(layer._modules)
+    new.quant = quant
+    return new
+
+
+def swap_layers(model: nn.Module, quantizers_for: Callable[[str, nn.Module], OperandQuantizers | None]) -> list[str]:
+    """Replace every Conv2d and Linear for which ``quantizers_for(name, layer)`` gives quantizers.
+
+    Parameters are shared, not copied, so an optimizer built before or after sees the same tensors.
+    Returns the names of the swapped layers, in model order.
+    """
+    swapped = []
+    for name, layer in list(model.named_modules()):
+        if type(layer) not in (nn.Conv2d, nn.Linear):
+            continue
+        quant = quantizers_for(name, layer)
+        if quant is None:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _quantized_copy(layer, quant))
+        swapped.append(name)
+    return swapped

@@ -1,0 +1,105 @@
+"""Quantizers: a number format with its parameters and state, as a module (tensor in, tensor out).
+
+A quantizer is what a layer holds for one operand (weight, activation, gradient). Being modules,
+they follow ``.train()``/``.eval()`` and their state (the running activation range that SBM uses at
+evaluation) lands in the model's ``state_dict`` and so in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qtrain.quant import formats
+from qtrain.quant.formats import Granularity, Rounding
+
+
+class Quantizer(nn.Module):
+    """Base class: ``bits`` is the width charged by the cost model, ``fmt`` the format's name."""
+
+    fmt = "float32"
+    bits: int = 32
+
+
+class FixedPoint(Quantizer):
+    fmt = "fixed"
+
+    def __init__(self, wl: int, fl: int, rounding: Rounding = "stochastic", symmetric: bool = False) -> None:
+        super().__init__()
+        self.bits, self.fl, self.rounding, self.symmetric = wl, fl, rounding, symmetric
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return formats.fixed_point(x, self.bits, self.fl, self.rounding, self.symmetric)
+
+    def extra_repr(self) -> str:
+        return f"wl={self.bits}, fl={self.fl}, rounding={self.rounding}"
+
+
+class RangeLinear(Quantizer):
+    """Range-linear quantization; with ``momentum`` set it keeps a running range for evaluation.
+
+    In training mode the range comes from the tensor itself and, when ``momentum`` is given, updates
+    an exponential moving average; in evaluation mode that average is used (the batch's own range
+    until the first training step has set it).
+    """
+
+    fmt = "range-linear"
+
+    def __init__(self, bits: int, granularity: Granularity, rounding: Rounding, momentum: float | None = None) -> None:
+        super().__init__()
+        self.bits, self.granularity, self.rounding, self.momentum = bits, granularity, rounding, momentum
+        if momentum is not None:
+            self.register_buffer("running_range", torch.zeros(2))
+            self.register_buffer("tracked", torch.zeros((), dtype=torch.bool))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.momentum is not None and not self.training and bool(self.tracked):
+            lo, hi = self.running_range[0].reshape(1, 1), self.running_range[1].reshape(1, 1)
+            return formats.range_linear(x, self.bits, lo, hi, self.rounding)
+        out, lo, hi = formats.range_linear_from_data(x, self.bits, self.granularity, self.rounding)
+        if self.momentum is not None and self.training:
+            self._track(lo, hi)
+        return out
+
+    @torch.no_grad()
+    def _track(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        batch = torch.stack([lo.min(), hi.max()])
+        if bool(self.tracked):
+            self.running_range.lerp_(batch, self.momentum)
+        else:
+            self.running_range.copy_(batch)
+            self.tracked.fill_(True)
+
+    def extra_repr(self) -> str:
+        return f"bits={self.bits}, granularity={self.granularity}, rounding={self.rounding}"
+
+
+class BlockFloatingPoint(Quantizer):
+    fmt = "block-fp"
+
+    def __init__(
+        self, wl: int, rounding: Rounding = "stochastic", block: int | None = None, dims: tuple[int, int] = (0, 1)
+    ) -> None:
+        super().__init__()
+        self.bits, self.rounding, self.block, self.dims = wl, rounding, block, dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return formats.block_floating_point(x, self.bits, self.rounding, self.block, self.dims)
+
+    def extra_repr(self) -> str:
+        return f"wl={self.bits}, block={self.block}, rounding={self.rounding}"
+
+
+class FloatingPoint(Quantizer):
+    fmt = "float"
+
+    def __init__(self, exp: int, man: int, rounding: Rounding = "nearest") -> None:
+        super().__init__()
+        self.exp, self.man, self.rounding = exp, man, rounding
+        self.bits = 1 + exp + man
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return formats.floating_point(x, self.exp, self.man, self.rounding)
+
+    def extra_repr(self) -> str:
+        return f"exp={self.exp}, man={self.man}, rounding={self.rounding}"

@@ -1,0 +1,123 @@
+"""Rounding onto an integer grid: nearest and stochastic, fused where torch.compile works.
+
+Every number format in :mod:`qtrain.quant.formats` reduces to one affine integer grid per row of a
+2-D view of the tensor: ``q = clamp(round(x * scale - zero), qmin, qmax)``, ``out = (q + zero) / scale``.
+This module holds that one kernel.
+
+Stochastic rounding is ``floor(t + u)`` with ``u ~ U[0, 1)`` (METHODS.md, "Common ground"). Drawing
+``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes from a
+counter-based hash instead: a 32-bit integer mixer (``lowbias32``) of the element index XOR a key.
+The key is drawn from torch's default generator at every call, so runs stay
+reproducible under ``torch.manual_seed`` and resume from a saved RNG state. The eager and the
+compiled path run the same integer arithmetic and give bit-identical results.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_M2 = 0x846CA68B - (1 << 32)  # the second lowbias32 multiplier as a signed 32-bit value
+_FUSED = {"enabled": True}
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """``lowbias32`` (C. Wellons' hash prospector), a low-bias bijection on 32-bit words.
+
+    Runs on int32 (native vector multiplies on the CPU); multiplication wraps modulo 2^32 and the
+    right shifts are masked so they act as the logical shifts of the unsigned original.
+    """
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * 0x7FEB352D
+    h = h ^ ((h >> 15) & 0x1FFFF)
+    h = h * _M2
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
+def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Uniform floats in [0, 1) with 24 random bits each: the hash of each element's index and ``key``."""
+    index = torch.arange(shape.numel(), device=device, dtype=torch.int32).reshape(shape)
+    h = _mix32(index ^ key)
+    return ((h >> 8) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def draw_key(device: torch.device) -> torch.Tensor:
+    """A 32-bit key for :func:`hashed_uniform`, drawn from torch's default generator."""
+    return torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32).to(device)
+
+
+def grid_round(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    bounds: torch.Tensor,
+    key: torch.Tensor,
+    stochastic: bool,
+) -> torch.Tensor:
+    """``(clamp(round(x*scale - zero), *bounds) + zero) / scale``: the math, for use inside fused functions."""
+    t = x * scale - zero
+    if stochastic:
+        t = torch.floor(t + hashed_uniform(t.shape, key, t.device))
+    else:
+        t = torch.round(t)
+    return (torch.clamp(t, bounds[0], bounds[1]) + zero) / scale
+
+
+def set_fused(enabled: bool) -> None:
+    """Use torch.compile-fused kernels (default) or eager ones; both give identical results."""
+    _FUSED["enabled"] = enabled
+
+
+def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords.
+
+    Tensor arguments are detached and made contiguous, so a compiled kernel is guarded on shapes
+    alone. Where compilation fails the same function runs eagerly from then on, with a warning.
+    """
+    kernels: dict[tuple, Callable[..., Any]] = {}
+
+    @functools.wraps(fn)
+    def call(*tensors: torch.Tensor, **static: Any) -> Any:
+        tensors = tuple(t.detach().contiguous() for t in tensors)
+        if not _FUSED["enabled"]:
+            return fn(*tensors, **static)
+        signature = tuple(sorted(static.items()))
+        if signature not in kernels:
+            kernels[signature] = torch.compile(functools.partial(fn, **static), dynamic=True)
+        try:
+            return kernels[signature](*tensors)
+        except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
+            warnings.warn(f"torch.compile failed ({type(err).__name__}: {err}); using eager quantizers", stacklevel=2)
+            set_fused(False)
+            return fn(*tensors, **static)
+
+    return call
+
+
+def key_for(stochastic: bool, device: torch.device) -> torch.Tensor:
+    """A fresh key for stochastic rounding, or a dummy for nearest (no random draw)."""
+    return draw_key(device) if stochastic else torch.zeros((), dtype=torch.int32, device=device)
+
+
+_fused_grid_round = fused(grid_round)
+
+
+def round_to_grid(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    qmin: float,
+    qmax: float,
+    stochastic: bool,
+) -> torch.Tensor:
+    """Round each row of ``x`` (2-D) onto ``(clamp(round(x*scale - zero), qmin, qmax) + zero) / scale``.
+
+    ``scale`` and ``zero`` hold one value per row (shape ``(rows, 1)``, or ``(1, 1)`` for all rows).
+    Nearest rounding is round-half-to-even, as in QPyTorch's fixed point.
+    """
+    bounds = torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
+    return _fused_grid_round(x, scale, zero, bounds, key_for(stochastic, x.device), stochastic=stochastic)

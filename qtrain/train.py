@@ -1,0 +1,121 @@
+"""The one training loop (DESIGN.md, "train.py"): batches in, method hooks, cost meter, evaluation.
+
+Per micro-batch: forward, task loss plus the method's terms, a NaN/inf check, backward, and the
+meter charged at the method's current precision. Every ``accum_steps`` micro-batches: the method
+reads the gradients, the optimizer steps, the method acts on the new weights. Per epoch: evaluation,
+the schedule, the method's epoch decision, then ``on_epoch_end`` (results and checkpoint, in run.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from qtrain.cost import CostMeter
+from qtrain.data import BatchStream
+from qtrain.errors import DivergedError
+from qtrain.methods import Method, StepInfo
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+    elapsed: float = 0.0  # seconds of training and evaluation, summed over resumes
+    history: list[dict] = field(default_factory=list)  # one metrics row per completed epoch
+
+
+class Diverged(DivergedError):
+    def __init__(self, loss: float, epoch: int, step: int) -> None:
+        super().__init__(f"the loss became {loss} at epoch {epoch + 1}, step {step}: training diverged")
+        self.loss, self.epoch, self.step = loss, epoch, step
+
+
+@dataclass
+class Trainer:
+    model: nn.Module
+    method: Method
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    meter: CostMeter
+    train_batches: BatchStream
+    test_batches: BatchStream
+    epochs: int
+    accum_steps: int = 1
+    show_progress: bool = True
+    progress: Progress = field(default_factory=Progress)
+
+    def fit(self, on_epoch_end: Callable[[Progress], None]) -> Progress:
+        """Train from ``progress.epoch`` to ``epochs``, calling ``on_epoch_end`` after each epoch."""
+        while self.progress.epoch < self.epochs:
+            start = time.perf_counter()
+            epoch = self.progress.epoch
+            lr = self.optimizer.param_groups[0]["lr"]
+            train = self.train_epoch(epoch)
+            test = self.evaluate()
+            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.scheduler.step(test["test_loss"])
+            else:
+                self.scheduler.step()
+            metrics = {"epoch": epoch + 1, "step": self.progress.step, **train, **test, "lr": lr}
+            self.method.end_epoch(epoch, metrics)
+            seconds = time.perf_counter() - start
+            self.progress.elapsed += seconds
+            self.progress.epoch += 1
+            self.progress.history.append({
+                **metrics, "effective_macs": self.meter.total(),
+                "percent_of_float32": self.meter.percent_of_float32(),
+                "epoch_seconds": seconds, "wall_seconds": self.progress.elapsed,
+            })
+            on_epoch_end(self.progress)
+        return self.progress
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        batches = self.train_batches
+        n = len(batches)
+        loss_sum, correct, seen = 0.0, 0, 0
+        bar = tqdm(batches.epoch(epoch), total=n, desc=f"epoch {epoch + 1}/{self.epochs}",
+                   disable=not self.show_progress, leave=False, dynamic_ncols=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, (x, y) in enumerate(bar):
+            info = StepInfo(epoch, self.progress.step, len(y))
+            logits = self.model(x)
+            loss = F.cross_entropy(logits, y)
+            total = self.method.loss(loss, info)
+            value = total.item()
+            if not math.isfinite(value):
+                raise Diverged(value, epoch, self.progress.step)
+            (total / self.accum_steps).backward()
+            self.meter.add(self.method.precision(), len(y))
+            if (i + 1) % self.accum_steps == 0 or i + 1 == n:
+                self.method.after_backward(info)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.progress.step += 1
+                self.method.after_step(info)
+            loss_sum += loss.item() * len(y)
+            correct += (logits.argmax(1) == y).sum().item()
+            seen += len(y)
+            bar.set_postfix(loss=f"{value:.3f}", refresh=False)
+        return {"train_loss": loss_sum / seen, "train_acc": correct / seen}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        loss_sum, correct, seen = 0.0, 0, 0
+        for x, y in self.test_batches.epoch(0):
+            logits = self.model(x)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+            correct += (logits.argmax(1) == y).sum().item()
+            seen += len(y)
+        return {"test_loss": loss_sum / seen, "test_acc": correct / seen}

@@ -1,0 +1,133 @@
+"""Speed and memory of quantized training against float32, measured in one run on this machine.
+
+    python scripts/bench_speed.py [--steps 20] [--batch 128]
+
+Prints, for ResNet-20 on 32x32x3 inputs, batch 128, on the CPU:
+- the time of one training step (forward, backward, optimizer) of each method divided by float32's;
+- the peak memory of a training step (the process's high-water mark above its resident size at
+  rest after three warm-up steps; each method in a fresh process) divided by float32's;
+- fixed-point <8,4> stochastic rounding of 4M floats divided by a copy of them, and divided by
+  QPyTorch's fixed_point_quantize (when qtorch is installed).
+Targets (issue 2): SBM <= 1.2x float32 in time and memory, stochastic rounding <= 2x a copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+METHODS = ("float32", "sbm", "sbm_bw16")
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def one_method(name: str, steps: int, batch: int) -> dict:
+    """Time ``steps`` training steps of ``name`` after 3 warm-up steps; runs in its own process."""
+    from hydra import compose, initialize_config_dir
+    from torch.nn import functional as F
+
+    from qtrain.cli import conf_dir
+    from qtrain.cost import CostMeter, profile_macs
+    from qtrain.methods import build_method
+    from qtrain.models import build_model
+
+    overrides = ["method=sbm", "experiment=sbm_bw16"] if name == "sbm_bw16" else [f"method={name}"]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    torch.manual_seed(0)
+    method = build_method(cfg.method)
+    model = method.prepare(build_model("resnet20", 3, 10, (32, 32)))
+    meter = CostMeter(profile_macs(model, torch.zeros(2, 3, 32, 32)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        meter.add(method.precision(), batch)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    # Reset the high-water mark to the resident size at rest (model, optimizer state, compiled kernels):
+    # the peak above it is the memory one training step needs.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _rss_kb("VmRSS")
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = (time.perf_counter() - start) / steps
+    return {"step_s": seconds, "peak_mb": (_rss_kb("VmHWM") - base) / 1024}
+
+
+def _time(fn, repeats: int = 20) -> float:
+    fn()
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def rounding_ratios() -> dict:
+    from qtrain.quant.formats import fixed_point
+
+    x = torch.randn(4_000_000)
+    out = {"copy_ms": 1e3 * _time(x.clone),
+           "ours_sr_ms": 1e3 * _time(lambda: fixed_point(x, 8, 4, "stochastic"))}
+    try:
+        from qtorch.quant import fixed_point_quantize
+    except ImportError:
+        return out
+    out["qtorch_sr_ms"] = 1e3 * _time(lambda: fixed_point_quantize(x, 8, 4, rounding="stochastic"), 5)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_method(args.one, args.steps, args.batch)))
+        return
+    # A fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the
+    # resident size follows the live tensors and its high-water mark is the step's peak.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    results = {}
+    for name in METHODS:
+        proc = subprocess.run([sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--batch", str(args.batch)],
+                              capture_output=True, text=True, check=True, env=env)
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    base = results["float32"]
+    print(f"ResNet-20, batch {args.batch}, 32x32x3, {torch.get_num_threads()} CPU threads, torch {torch.__version__}")
+    print(f"{'method':10s} {'step s':>8s} {'x float32':>10s} {'peak MB':>9s} {'x float32':>10s}")
+    for name, r in results.items():
+        time_ratio, memory_ratio = r["step_s"] / base["step_s"], r["peak_mb"] / base["peak_mb"]
+        print(f"{name:10s} {r['step_s']:8.3f} {time_ratio:10.2f} {r['peak_mb']:9.1f} {memory_ratio:10.2f}")
+    sr = rounding_ratios()
+    print(f"stochastic rounding of 4M floats: {sr['ours_sr_ms']:.2f} ms = {sr['ours_sr_ms'] / sr['copy_ms']:.2f}x a copy "
+          f"({sr['copy_ms']:.2f} ms)", end="")
+    if "qtorch_sr_ms" in sr:
+        print(f", {sr['ours_sr_ms'] / sr['qtorch_sr_ms']:.3f}x qtorch ({sr['qtorch_sr_ms']:.1f} ms)")
+    else:
+        print(" (qtorch not installed)")
+
+
+if __name__ == "__main__":
+    main()

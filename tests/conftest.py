@@ -1,0 +1,39 @@
+"""Shared fixtures: composing qtrain configs in-process and running qtrain in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from qtrain.cli import conf_dir
+from qtrain.quant.rounding import set_fused
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# A run small enough for a test: 256 synthetic 8x8 images, two epochs, eager quantizers.
+TINY = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=false", "fused=false"]
+
+
+@pytest.fixture(autouse=True)
+def eager_quantizers():
+    """Tests run the eager kernel unless they ask for the fused one (it gives identical results)."""
+    set_fused(False)
+    yield
+    set_fused(False)
+
+
+def make_config(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the installed ``qtrain`` entry point as a user would."""
+    exe = Path(sys.executable).with_name("qtrain")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)

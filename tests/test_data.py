@@ -1,0 +1,153 @@
+"""Dataset loaders on tiny files written in the real layouts, and the batch stream's augmentation."""
+
+import logging
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from qtrain.data import BatchStream, load_data
+from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
+from qtrain.errors import DataError
+
+from .conftest import SHARED_DATA, make_config
+
+
+def _write_cifar(root, num_classes=10, per_file=6):
+    rng = np.random.default_rng(0)
+    if num_classes == 10:
+        folder, files, key = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"], b"labels"
+    else:
+        folder, files, key = root / "cifar-100-python", ["train", "test"], b"fine_labels"
+    folder.mkdir(parents=True)
+    for name in files:
+        data = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"data": data, key: rng.integers(0, num_classes, per_file).tolist()}, f)
+    return folder
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_cifar_pickle_layout_loads_with_checksum_warning(tmp_path, caplog, num_classes):
+    folder = _write_cifar(tmp_path, num_classes)
+    with caplog.at_level(logging.WARNING):
+        data = load_cifar(tmp_path, num_classes)
+    assert data.train.images.shape == ((30 if num_classes == 10 else 6), 3, 32, 32)
+    assert data.train.images.dtype == torch.uint8 and data.num_classes == num_classes
+    first = pickle.load(open(folder / ("data_batch_1" if num_classes == 10 else "train"), "rb"))
+    assert torch.equal(data.train.images[0].flatten(), torch.from_numpy(first[b"data"][0]))
+    assert "differs from the official release" in caplog.text
+
+
+def test_cifar_missing_and_corrupt_files_name_the_path(tmp_path):
+    with pytest.raises(DataError, match="cifar-10-batches-py/data_batch_1"):
+        load_cifar(tmp_path, 10)
+    folder = _write_cifar(tmp_path)
+    (folder / "data_batch_3").write_bytes(b"not a pickle")
+    with pytest.raises(DataError, match=r"corrupt CIFAR-10 file .*data_batch_3"):
+        load_cifar(tmp_path, 10)
+
+
+def _write_idx(path, array):
+    # idx magic: 0x08 (unsigned byte) in the third byte, the number of dimensions in the fourth
+    header = struct.pack(">I", 0x800 + array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def _write_mnist(root, n=5):
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for prefix in ("train", "t10k"):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n))
+    return raw
+
+
+def test_mnist_idx_layout_loads_and_bad_files_fail_clearly(tmp_path):
+    raw = _write_mnist(tmp_path)
+    data = load_mnist(tmp_path)
+    assert data.train.images.shape == (5, 1, 28, 28) and data.test.labels.shape == (5,)
+    (raw / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00")
+    with pytest.raises(DataError, match="corrupt MNIST file .*t10k-labels-idx1-ubyte"):
+        load_mnist(tmp_path)
+    (raw / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match="not found: .*t10k-labels-idx1-ubyte"):
+        load_mnist(tmp_path)
+
+
+def test_digits_are_the_scikit_learn_set_split_by_class():
+    data = load_digits_data()
+    assert len(data.train) + len(data.test) == 1797 and data.image_shape == (1, 8, 8)
+    assert set(data.test.labels.tolist()) == set(range(10))
+    assert int(data.train.images.max()) == 16
+
+
+def _stream(data, **kw):
+    return BatchStream(data, data.train, 16, seed=3, train=True, **kw)
+
+
+def test_batch_stream_normalizes_and_is_deterministic_per_epoch():
+    data = make_synthetic_data(64, 8, 4, 3, 8, seed=0)
+    batches = list(_stream(data).epoch(0))
+    x = torch.cat([b[0] for b in batches])
+    assert x.shape == (64, 3, 8, 8)
+    assert x.mean((0, 2, 3)).abs().max() < 1e-4 and (x.std((0, 2, 3)) - 1).abs().max() < 1e-2
+    again = torch.cat([b[0] for b in _stream(data).epoch(0)])
+    other = torch.cat([b[0] for b in _stream(data).epoch(1)])
+    assert torch.equal(x, again) and not torch.equal(x, other)
+
+
+def test_random_crop_and_flip_are_shifted_and_mirrored_windows():
+    data = make_synthetic_data(32, 8, 4, 3, 8, seed=0)
+    stream = _stream(data, crop_padding=2, flip=True)
+    plain = BatchStream(data, data.train, 32, seed=3, train=False)
+    originals = next(plain.epoch(0))[0]
+    # invert the normalization so padding zeros are recognisable, then find each crop in its padded source
+    x, y = next(stream.epoch(0))
+    gen = torch.Generator().manual_seed(3 * 1_000_003)
+    order = torch.randperm(32, generator=gen)[:16]
+    flipped_seen = 0
+    for crop, idx in zip(x, order):
+        source = originals[idx]
+        raw = source / stream.inv_std[0] + stream.mean[0]
+        padded = (F.pad(raw, (2, 2, 2, 2)) - stream.mean[0]) * stream.inv_std[0]
+        matches = []
+        for candidate, flipped in ((crop, False), (crop.flip(2), True)):
+            for dy in range(5):
+                for dx in range(5):
+                    if torch.allclose(padded[:, dy:dy + 8, dx:dx + 8], candidate, atol=1e-4):
+                        matches.append(flipped)
+        assert matches, "every augmented image is a window of its padded source, maybe mirrored"
+        flipped_seen += all(matches)
+    assert 0 < flipped_seen < 16
+    assert torch.equal(y, data.train.labels[order])
+
+
+def test_data_registry_and_missing_root(tmp_path):
+    assert load_data(make_config("data=synthetic").data).name == "synthetic"
+    cfg = make_config("data=cifar10", f"data.root={tmp_path}")
+    with pytest.raises(DataError, match="not found"):
+        load_data(cfg.data)
+
+
+@pytest.mark.realdata
+@pytest.mark.skipif(not (SHARED_DATA / "materialize.py").is_file(), reason="../shared/data is absent")
+def test_real_cifar10_copy_loads(tmp_path, caplog):
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    subprocess.run([sys.executable, str(SHARED_DATA / "materialize.py"), str(tmp_path)], check=True, capture_output=True)
+    with caplog.at_level(logging.WARNING):
+        data = load_cifar(tmp_path, 10)
+    assert data.train.images.shape == (50_000, 3, 32, 32) and len(data.test) == 10_000
+    assert torch.bincount(data.train.labels).tolist() == [5000] * 10
+    assert "differs from the official release" in caplog.text  # the copy is JPEG re-encoded
+    mean = data.train.images.double().mean((0, 2, 3)) / 255
+    assert torch.allclose(mean, torch.tensor(data.mean, dtype=torch.float64), atol=5e-3)
+    mnist = load_mnist(tmp_path)
+    assert len(mnist.train) == 60_000 and len(mnist.test) == 10_000

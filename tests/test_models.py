@@ -1,0 +1,41 @@
+"""Model registry: the CIFAR ResNet family's layout, AlexNet's shapes, input-size checks."""
+
+import pytest
+import torch
+from torch import nn
+
+from qtrain.errors import ConfigError
+from qtrain.models import build_model
+
+
+@pytest.mark.parametrize("name,blocks", [("resnet20", 3), ("resnet38", 6), ("resnet74", 12)])
+def test_resnet_family_is_6n_plus_2(name, blocks):
+    model = build_model(name, 3, 10, (32, 32))
+    for stage in (model.layer1, model.layer2, model.layer3):
+        assert len(stage) == blocks
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert len(convs) + len(linears) == 6 * blocks + 2  # depth counts 3x3 convs and the classifier
+    assert [s[0].conv1.out_channels for s in (model.layer1, model.layer2, model.layer3)] == [16, 32, 64]
+
+
+def test_resnet20_has_the_known_parameter_count():
+    # He et al. report 0.27M for ResNet-20; 1x1-conv shortcuts add 2 x (conv + bn) = 2,784
+    assert sum(p.numel() for p in build_model("resnet20", 3, 10, (32, 32)).parameters()) == 272_474
+
+
+@pytest.mark.parametrize("channels,size", [(1, 8), (3, 32), (1, 28), (3, 5)])
+def test_resnet_takes_any_input(channels, size):
+    model = build_model("resnet20", channels, 7, (size, size))
+    assert model(torch.randn(2, channels, size, size)).shape == (2, 7)
+
+
+@pytest.mark.parametrize("size", [29, 32, 64])
+def test_alexnet_shapes(size):
+    model = build_model("alexnet", 3, 100, (size, size))
+    assert model(torch.randn(2, 3, size, size)).shape == (2, 100)
+
+
+def test_alexnet_rejects_mnist_sized_input():
+    with pytest.raises(ConfigError, match="input 1x28x28 is too small for model alexnet"):
+        build_model("alexnet", 1, 10, (28, 28))

@@ -1,0 +1,74 @@
+"""SBM: which layers get which quantizers, the precision record, running ranges, bifurcation, learning."""
+
+import torch
+from torch import nn
+
+from qtrain.methods import build_method
+from qtrain.models import build_model
+from qtrain.quant import formats
+from qtrain.quant.layers import QConv2d, QLinear
+from qtrain.run import run
+
+from .conftest import TINY, make_config
+
+
+def _prepared(*overrides):
+    method = build_method(make_config("method=sbm", *overrides).method)
+    model = method.prepare(build_model("resnet20", 3, 10, (8, 8)))
+    return method, model
+
+
+def test_every_conv_and_linear_is_quantized_and_recorded():
+    method, model = _prepared()
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    assert all(isinstance(m, (QConv2d, QLinear)) for m in layers.values())
+    record = method.precision()
+    assert set(record) == set(layers)
+    bits = record["layer2.0.conv1"].options[0][1]
+    assert (bits.weight, bits.act, bits.grad, bits.grad_weight) == (8, 8, 8, 8)
+    q = model.layer2[0].conv1.quant
+    assert q.weight.granularity == "channel" and q.weight.rounding == "nearest"
+    assert q.grad.rounding == "stochastic" and q.grad_weight is None
+
+
+def test_first_and_last_layers_can_stay_float32():
+    method, model = _prepared("method.quantize_first_last=false")
+    assert type(model.conv1) is nn.Conv2d and type(model.fc) is nn.Linear
+    assert "conv1" not in method.precision() and "layer1.0.conv1" in method.precision()
+
+
+def test_bw16_bifurcates_the_weight_gradient_path():
+    method, model = _prepared("experiment=sbm_bw16")
+    q = model.layer1[0].conv2.quant
+    assert q.grad.bits == 8 and q.grad_weight.bits == 16
+    assert method.precision()["fc"].options[0][1].grad_weight == 16
+
+
+def test_weights_are_quantized_per_output_channel_to_256_levels():
+    _, model = _prepared()
+    layer = model.layer3[1].conv2
+    wq = layer.quantized_weight()
+    for row, qrow in zip(layer.weight.detach(), wq):
+        assert qrow.unique().numel() <= 256
+        assert torch.isclose(qrow.min(), row.min()) and torch.isclose(qrow.max(), row.max())
+    lo, hi = formats.tensor_range(layer.weight.detach(), "channel")
+    assert torch.equal(wq, formats.range_linear(layer.weight.detach(), 8, lo, hi))
+
+
+def test_evaluation_uses_the_running_activation_range():
+    _, model = _prepared("method.act_momentum=0.5")
+    act = model.layer1[0].conv1.quant.act
+    model.train()
+    model(torch.randn(4, 3, 8, 8))
+    first = act.running_range.clone()
+    model(torch.randn(4, 3, 8, 8) * 3)
+    assert not torch.equal(first, act.running_range)
+    model.eval()
+    x = torch.randn(2, 16, 8, 8) * 10
+    lo, hi = act.running_range
+    assert torch.equal(act(x), formats.range_linear(x, 8, lo.view(1, 1), hi.view(1, 1)))
+
+
+def test_sbm_learns_the_synthetic_task(tmp_path):
+    summary = run(make_config(*TINY, "train.epochs=3"), tmp_path)
+    assert summary["final"]["test_acc"] > 0.9
