@@ -16,8 +16,6 @@ from qtrain.config import check_overrides
 from qtrain.errors import DivergedError, QtrainError
 from qtrain.run import run
 
-log = logging.getLogger("qtrain")
-
 
 def conf_dir() -> Path:
     """The config tree: installed inside the package, or ``conf/`` beside it in a source checkout."""

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 from qtrain.quant import formats
 from qtrain.quant.autograd import quantize_grad, quantize_ste
 from qtrain.quant.layers import OperandQuantizers, QConv2d, QLinear, swap_layers
-from qtrain.quant.quantizers import FixedPoint
+from qtrain.quant.quantizers import FixedPoint, RangeLinear
 
 
 class Halve(nn.Module):
@@ -117,3 +117,20 @@ def test_swap_layers_replaces_only_selected_layers_and_shares_parameters():
     assert isinstance(model[0], QConv2d) and isinstance(model[3], QLinear) and type(model[4]) is nn.Linear
     assert all(a is b for a, b in zip(params, model.parameters()))
     assert model(torch.randn(2, 1, 3, 3)).shape == (2, 1)
+
+
+def test_quantized_activation_is_saved_as_one_byte_codes():
+    conv, x = _conv_and_input()
+    model = _swap(nn.Sequential(conv), OperandQuantizers(act=RangeLinear(8, "tensor", "nearest")))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = model(x)
+    assert any(t.dtype == torch.uint8 and t.numel() == x.numel() for t in saved)
+    assert not any(t.dtype == torch.float32 and t.numel() == x.numel() for t in saved)
+    g = torch.randn_like(out)
+    out.backward(g)
+    lo, hi = formats.tensor_range(x.detach(), "tensor")
+    xq = formats.range_linear(x.detach(), 8, lo, hi)
+    assert torch.allclose(out, F.conv2d(xq, conv.weight, conv.bias, 2, 1), atol=1e-6)
+    gw = torch.nn.grad.conv2d_weight(xq, conv.weight.shape, g, stride=2, padding=1)
+    assert torch.allclose(model[0].weight.grad, gw, atol=1e-5)

@@ -120,3 +120,14 @@ def test_bad_values_are_one_line_config_errors(tmp_path, override, message):
 def test_too_small_input_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"input 3x8x8 is too small for model alexnet: it needs at least 29x29"):
         run(make_config(*TINY, "model=alexnet"), tmp_path)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
+    # AlexNet has no batch norm, so two accumulated half-batches give the gradient of the whole batch
+    common = ["data=synthetic", "data.size=32", "data.n_train=128", "model=alexnet", "method=float32",
+              "train.epochs=2", "progress=false", "fused=false", "optim.lr=0.01"]
+    whole = run(make_config(*common, "train.batch_size=64"), tmp_path / "whole")
+    accumulated = run(make_config(*common, "train.batch_size=32", "train.accum_steps=2"), tmp_path / "accumulated")
+    assert whole["steps"] == accumulated["steps"] == 4
+    for key in ("train_loss", "test_loss"):
+        assert accumulated["final"][key] == pytest.approx(whole["final"][key], rel=1e-4)

@@ -26,14 +26,11 @@ class CostMeter:
         """Charge one step of ``samples`` samples at the precision in ``record`` (absent layers: float32)."""
         self.samples += samples
         for name, macs in self.macs.items():
-            acc = self.effective[name]
             layer = record.get(name)
-            if layer is None:
-                fractions = (1.0, 1.0, 1.0)
-            else:
-                fractions = layer.gemm_fractions()
-            for i in range(3):
-                acc[i] += samples * macs * fractions[i]
+            fractions = layer.gemm_fractions() if layer is not None else (1.0, 1.0, 1.0)
+            acc = self.effective[name]
+            for i, fraction in enumerate(fractions):
+                acc[i] += samples * macs * fraction
 
     def total(self) -> float:
         """Effective MACs so far."""

@@ -8,8 +8,8 @@ run sees exactly the batches an uninterrupted one would have.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch.nn import functional as F

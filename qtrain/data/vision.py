@@ -92,7 +92,10 @@ def _read_cifar_batch(path: Path, label_key: bytes, what: str) -> ImageSplit:
 
 def load_cifar(root: str | Path, num_classes: int) -> ImageData:
     """CIFAR-10 (``cifar-10-batches-py/``) or CIFAR-100 (``cifar-100-python/``) under ``root``."""
-    spec, label_key, stats = (CIFAR10, b"labels", CIFAR10_STATS) if num_classes == 10 else (CIFAR100, b"fine_labels", CIFAR100_STATS)
+    if num_classes == 10:
+        spec, label_key, stats = CIFAR10, b"labels", CIFAR10_STATS
+    else:
+        spec, label_key, stats = CIFAR100, b"fine_labels", CIFAR100_STATS
     what = f"CIFAR-{num_classes}"
     folder = Path(root).expanduser() / spec.base_folder
 

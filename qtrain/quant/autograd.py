@@ -2,10 +2,10 @@
 
 - :func:`quantize_ste`: quantize in forward, pass the gradient straight through.
 - :func:`quantize_grad`: identity in forward, quantize ``grad_output`` in backward.
-- :class:`BifurcatedGEMM`: a convolution or linear layer whose backward quantizes ``grad_output``
-  at one precision for the error path (grad w.r.t. input) and at another for the weight-gradient
-  path (SBM's "BW-16" gradient bifurcation). It saves only its (quantized) operands, like the
-  float32 layer.
+- :class:`QuantizedGEMM`: a convolution or linear layer on quantized operands whose backward
+  quantizes ``grad_output`` for the error path (grad w.r.t. input) and, at another precision where
+  asked, for the weight-gradient path (SBM's "BW-16" gradient bifurcation). It saves the quantized
+  activation in compact form (integer codes), so it holds less memory than the float32 layer.
 """
 
 from __future__ import annotations
@@ -64,27 +64,38 @@ def _linear_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tens
     return grad_x, grad_w, grad_b
 
 
-class BifurcatedGEMM(torch.autograd.Function):
-    """A Conv2d or Linear whose backward quantizes ``grad_output`` separately for its two GEMMs.
+class QuantizedGEMM(torch.autograd.Function):
+    """A Conv2d or Linear on a quantized activation, with quantized gradients in backward.
 
-    ``layer`` is the module (for its conv parameters and ``quant.grad``/``quant.grad_weight``);
-    ``x`` and ``weight`` arrive already quantized.
+    ``layer`` is the module (its GEMM, conv parameters and ``quant``); ``weight`` arrives already
+    quantized. The activation is quantized here so that backward can keep its compact form (integer
+    codes where the quantizer has one) rather than a float32 copy. In backward ``grad_output`` is
+    quantized by ``quant.grad`` for the error GEMM and, where ``quant.grad_weight`` is set (SBM's
+    FW-8/BW-16 gradient bifurcation), separately for the weight-gradient GEMM.
     """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.layer, ctx.has_bias = layer, bias is not None
-        return layer.gemm(x, weight, bias)
+        act = layer.quant.act
+        xq, saved = act.compact(x) if act is not None else (x, (x,))
+        ctx.save_for_backward(weight, *saved)
+        ctx.layer, ctx.has_bias, ctx.x_shape = layer, bias is not None, x.shape
+        return layer.gemm(xq, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        x, weight = ctx.saved_tensors
+        weight, *saved = ctx.saved_tensors
         layer = ctx.layer
+        q = layer.quant
+        x = q.act.expand(tuple(saved), ctx.x_shape) if q.act is not None else saved[0]
         grads_of = _conv_grads if isinstance(layer, torch.nn.Conv2d) else _linear_grads
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         grad = grad.contiguous()
-        gx = grads_of(layer, layer.quant.grad(grad), x, weight, [need_x, False, False])[0] if need_x else None
-        _, gw, gb = grads_of(layer, layer.quant.grad_weight(grad), x, weight, [False, need_w, need_b])
+        grad_err = q.grad(grad) if q.grad is not None else grad
+        if q.grad_weight is None:
+            gx, gw, gb = grads_of(layer, grad_err, x, weight, [need_x, need_w, need_b])
+        else:
+            gx = grads_of(layer, grad_err, x, weight, [need_x, False, False])[0] if need_x else None
+            _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, need_w, need_b])
         return gx, gw, gb, None

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qtrain.quant.autograd import BifurcatedGEMM, quantize_grad, quantize_ste
+from qtrain.quant.autograd import QuantizedGEMM, quantize_ste
 from qtrain.quant.quantizers import Quantizer
 
 
@@ -43,7 +43,7 @@ class OperandQuantizers(nn.Module):
 
 
 class _Quantized:
-    """Forward shared by the quantized layers: quantize operands, run the GEMM, quantize its gradient."""
+    """Forward shared by the quantized layers: quantize the weight (straight-through), then the GEMM."""
 
     quant: OperandQuantizers
 
@@ -53,13 +53,10 @@ class _Quantized:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.quant
-        if q.act is not None:
-            x = quantize_ste(x, q.act)
         weight = quantize_ste(self.weight, q.weight) if q.weight is not None else self.weight
-        if q.grad_weight is not None:
-            return BifurcatedGEMM.apply(x, weight, self.bias, self)
-        out = self.gemm(x, weight, self.bias)
-        return quantize_grad(out, q.grad) if q.grad is not None and torch.is_grad_enabled() else out
+        if not torch.is_grad_enabled():
+            return self.gemm(q.act(x) if q.act is not None else x, weight, self.bias)
+        return QuantizedGEMM.apply(x, weight, self.bias, self)
 
 
 class QConv2d(_Quantized, nn.Conv2d):

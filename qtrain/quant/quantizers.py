@@ -20,6 +20,15 @@ class Quantizer(nn.Module):
     fmt = "float32"
     bits: int = 32
 
+    def compact(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``self(x)`` and what backward saves to rebuild it with :meth:`expand` (here: the tensor itself)."""
+        out = self(x)
+        return out, (out,)
+
+    def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
+        """The quantized tensor that :meth:`compact` saved."""
+        return saved[0]
+
 
 class FixedPoint(Quantizer):
     fmt = "fixed"
@@ -60,6 +69,18 @@ class RangeLinear(Quantizer):
         if self.momentum is not None and self.training:
             self._track(lo, hi)
         return out
+
+    def compact(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """In training, saves integer codes (1 byte each up to 8 bits) instead of float32 values."""
+        if not self.training or formats.code_dtype(self.bits) is None:
+            return super().compact(x)
+        out, lo, hi, codes = formats.range_linear_codes(x, self.bits, self.granularity, self.rounding)
+        if self.momentum is not None:
+            self._track(lo, hi)
+        return out, codes
+
+    def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
+        return saved[0] if len(saved) == 1 else formats.decode_codes(saved, shape)
 
     @torch.no_grad()
     def _track(self, lo: torch.Tensor, hi: torch.Tensor) -> None:

@@ -2,19 +2,22 @@
 
 Every number format in :mod:`qtrain.quant.formats` reduces to one affine integer grid per row of a
 2-D view of the tensor: ``q = clamp(round(x * scale - zero), qmin, qmax)``, ``out = (q + zero) / scale``.
-This module holds that one kernel.
+This module holds that rounding (:func:`grid_codes`) and :func:`fused`, which runs a format's whole
+computation as one torch.compile kernel (one pass over memory instead of several), eager where
+compilation is unavailable.
 
 Stochastic rounding is ``floor(t + u)`` with ``u ~ U[0, 1)`` (METHODS.md, "Common ground"). Drawing
 ``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes from a
 counter-based hash instead: a 32-bit integer mixer (``lowbias32``) of the element index XOR a key.
-The key is drawn from torch's default generator at every call, so runs stay
-reproducible under ``torch.manual_seed`` and resume from a saved RNG state. The eager and the
-compiled path run the same integer arithmetic and give bit-identical results.
+The key is drawn from torch's default generator at every call, so runs stay reproducible under
+``torch.manual_seed`` and resume from a saved RNG state. The eager and the compiled path run the
+same integer arithmetic and give bit-identical results.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -50,21 +53,22 @@ def draw_key(device: torch.device) -> torch.Tensor:
     return torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32).to(device)
 
 
-def grid_round(
+def grid_codes(
     x: torch.Tensor,
     scale: torch.Tensor,
     zero: torch.Tensor,
     bounds: torch.Tensor,
     key: torch.Tensor,
+    *,
     stochastic: bool,
 ) -> torch.Tensor:
-    """``(clamp(round(x*scale - zero), *bounds) + zero) / scale``: the math, for use inside fused functions."""
+    """The integer codes ``clamp(round(x*scale - zero), *bounds)`` (as floats), for use inside fused functions."""
     t = x * scale - zero
     if stochastic:
         t = torch.floor(t + hashed_uniform(t.shape, key, t.device))
     else:
         t = torch.round(t)
-    return (torch.clamp(t, bounds[0], bounds[1]) + zero) / scale
+    return torch.clamp(t, bounds[0], bounds[1])
 
 
 def set_fused(enabled: bool) -> None:
@@ -72,11 +76,24 @@ def set_fused(enabled: bool) -> None:
     _FUSED["enabled"] = enabled
 
 
+def _specialized(fn: Callable[..., Any], static: dict[str, Any]) -> Callable[..., Any]:
+    """A copy of ``fn`` with its keyword-only ``static`` arguments bound, under a code object of its own.
+
+    Dynamo keeps its compiled variants and its recompile limit per code object; a copy per static
+    signature keeps the variants of one signature from crowding out those of another.
+    """
+    code = fn.__code__.replace(co_name=f"{fn.__name__}__" + "_".join(str(v) for v in static.values()))
+    clone = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__ = {**(fn.__kwdefaults__ or {}), **static}
+    return clone
+
+
 def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords.
 
-    Tensor arguments are detached and made contiguous, so a compiled kernel is guarded on shapes
-    alone. Where compilation fails the same function runs eagerly from then on, with a warning.
+    Static arguments must be keyword-only. Tensor arguments are detached and made contiguous, so a
+    compiled kernel is guarded on shapes alone. Where compilation fails the same function runs
+    eagerly from then on, with a warning.
     """
     kernels: dict[tuple, Callable[..., Any]] = {}
 
@@ -87,7 +104,7 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*tensors, **static)
         signature = tuple(sorted(static.items()))
         if signature not in kernels:
-            kernels[signature] = torch.compile(functools.partial(fn, **static), dynamic=True)
+            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True)
         try:
             return kernels[signature](*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
@@ -103,7 +120,10 @@ def key_for(stochastic: bool, device: torch.device) -> torch.Tensor:
     return draw_key(device) if stochastic else torch.zeros((), dtype=torch.int32, device=device)
 
 
-_fused_grid_round = fused(grid_round)
+@fused
+def _grid_values(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor,
+                 *, stochastic: bool) -> torch.Tensor:
+    return (grid_codes(x, scale, zero, bounds, key, stochastic=stochastic) + zero) / scale
 
 
 def round_to_grid(
@@ -120,4 +140,4 @@ def round_to_grid(
     Nearest rounding is round-half-to-even, as in QPyTorch's fixed point.
     """
     bounds = torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
-    return _fused_grid_round(x, scale, zero, bounds, key_for(stochastic, x.device), stochastic=stochastic)
+    return _grid_values(x, scale, zero, bounds, key_for(stochastic, x.device), stochastic=stochastic)
