@@ -1,6 +1,6 @@
 """Speed and memory of quantized training against float32, measured in one run on this machine.
 
-    python scripts/bench_speed.py [--steps 20] [--batch 128]
+    python scripts/bench_speed.py [--steps 20] [--batch 128] [--rounds 3]
 
 Prints, for ResNet-20 on 32x32x3 inputs, batch 128, on the CPU:
 - the median time of one training step (forward, backward, optimizer) of each method divided by float32's;
@@ -112,21 +112,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds per method (median kept)")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_method(args.one, args.steps, args.batch)))
         return
+    # Methods take turns over several rounds and each keeps its median, so that a burst of other load
+    # on a shared machine does not land on one method only.
+    times: dict[str, list[float]] = {name: [] for name in METHODS}
+    for _ in range(args.rounds):
+        for name in METHODS:
+            times[name].append(_child(name, args.steps, args.batch, os.environ)["step_s"])
     results = {}
     for name in METHODS:
-        timed = _child(name, args.steps, args.batch, os.environ)
         # A fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so
         # the resident size follows the live tensors and its high-water mark is the step's peak. It
-        # slows allocation down, so memory is measured in a second process, not while timing.
+        # slows allocation down, so memory is measured in a process of its own, not while timing.
         measured = _child(name, 3, args.batch, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
-        results[name] = {"step_s": timed["step_s"], "peak_mb": measured["peak_mb"]}
+        results[name] = {"step_s": statistics.median(times[name]), "peak_mb": measured["peak_mb"]}
     base = results["float32"]
-    print(f"ResNet-20, batch {args.batch}, 32x32x3, {torch.get_num_threads()} CPU threads, torch {torch.__version__}")
+    print(f"ResNet-20, batch {args.batch}, 32x32x3, {torch.get_num_threads()} CPU threads, torch {torch.__version__}; "
+          f"median step of {args.steps} steps x {args.rounds} rounds")
     print(f"{'method':10s} {'step s':>8s} {'x float32':>10s} {'peak MB':>9s} {'x float32':>10s}")
     for name, r in results.items():
         time_ratio, memory_ratio = r["step_s"] / base["step_s"], r["peak_mb"] / base["peak_mb"]
