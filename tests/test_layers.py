@@ -63,15 +63,17 @@ def test_unquantized_qconv_equals_torch_conv():
         assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_quantized_conv_forward_and_backward_match_hand_composition():
+@pytest.mark.parametrize("quantize_act", [True, False])
+def test_quantized_conv_forward_and_backward_match_hand_composition(quantize_act):
     conv, x = _conv_and_input()
     fp = lambda t: formats.fixed_point(t, 8, 4, "nearest")  # noqa: E731
-    quant = OperandQuantizers(weight=FixedPoint(8, 4, "nearest"), act=FixedPoint(8, 4, "nearest"), grad=Halve())
+    act = FixedPoint(8, 4, "nearest") if quantize_act else None
+    quant = OperandQuantizers(weight=FixedPoint(8, 4, "nearest"), act=act, grad=Halve())
     model = _swap(nn.Sequential(conv), quant)
     out = model(x)
     g = torch.randn_like(out)
     out.backward(g)
-    xq, wq = fp(x.detach()), fp(conv.weight.detach())
+    xq, wq = fp(x.detach()) if quantize_act else x.detach(), fp(conv.weight.detach())
     assert torch.allclose(out, F.conv2d(xq, wq, conv.bias, 2, 1), atol=1e-6)
     # backward: the error and weight GEMMs both see the quantized grad_output (here g / 2)
     gi = torch.nn.grad.conv2d_input(x.shape, wq, g * 0.5, stride=2, padding=1)

@@ -16,7 +16,7 @@ from torch import nn
 
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, check_bits
-from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
+from qtrain.precision import LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
 
@@ -48,8 +48,8 @@ class SBM(Method):
     def prepare(self, model: nn.Module) -> nn.Module:
         names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
         swapped = swap_layers(model, lambda n, m: self._quantizers(n, m, names[0], names[-1]))
-        bits = Bits(self.cfg.weight_bits, self.cfg.act_bits, self.cfg.grad_bits, self.cfg.grad_weight_bits)
-        self._record = {name: LayerPrecision.uniform(bits, RangeLinear.fmt) for name in swapped}
+        self._record = {name: LayerPrecision.uniform(model.get_submodule(name).quant.bits(), RangeLinear.fmt)
+                        for name in swapped}
         return model
 
     def precision(self) -> PrecisionRecord:

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qtrain.quant.autograd import QuantizedGEMM, quantize_ste
+from qtrain.precision import Bits
+from qtrain.quant.autograd import QuantizedGEMM, quantize_grad, quantize_ste
 from qtrain.quant.quantizers import Quantizer
 
 
@@ -31,15 +32,12 @@ class OperandQuantizers(nn.Module):
             raise ValueError("a separate weight-gradient quantizer needs an error-path quantizer too")
         self.weight, self.act, self.grad, self.grad_weight = weight, act, grad, grad_weight
 
-    def bits(self) -> dict[str, int]:
+    def bits(self) -> Bits:
         """Bits per operand as the cost model charges them (32 where an operand stays float32)."""
-        width = {name: (q.bits if q is not None else 32) for name, q in self.named_operands()}
-        if self.grad_weight is None:
-            width["grad_weight"] = width["grad"]
-        return width
-
-    def named_operands(self) -> list[tuple[str, Quantizer | None]]:
-        return [("weight", self.weight), ("act", self.act), ("grad", self.grad), ("grad_weight", self.grad_weight)]
+        width = {name: (q.bits if q is not None else 32)
+                 for name, q in (("weight", self.weight), ("act", self.act), ("grad", self.grad))}
+        grad_weight = self.grad_weight.bits if self.grad_weight is not None else width["grad"]
+        return Bits(**width, grad_weight=grad_weight)
 
 
 class _Quantized:
@@ -54,9 +52,11 @@ class _Quantized:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.quant
         weight = quantize_ste(self.weight, q.weight) if q.weight is not None else self.weight
-        if not torch.is_grad_enabled():
-            return self.gemm(q.act(x) if q.act is not None else x, weight, self.bias)
-        return QuantizedGEMM.apply(x, weight, self.bias, self)
+        if torch.is_grad_enabled() and (q.act is not None or q.grad_weight is not None):
+            # one node that keeps the activation's compact codes and can split the gradient paths
+            return QuantizedGEMM.apply(x, weight, self.bias, self)
+        out = self.gemm(q.act(x) if q.act is not None else x, weight, self.bias)
+        return quantize_grad(out, q.grad) if q.grad is not None else out
 
 
 class QConv2d(_Quantized, nn.Conv2d):
