@@ -83,7 +83,8 @@ class Trainer:
         self.model.train()
         batches = self.train_batches
         n = len(batches)
-        loss_sum, correct, seen = 0.0, 0, 0
+        loss_sum, seen = 0.0, 0
+        correct = torch.zeros((), dtype=torch.long, device=batches.split.labels.device)
         bar = tqdm(batches.epoch(epoch), total=n, desc=f"epoch {epoch + 1}/{self.epochs}",
                    disable=not self.show_progress, leave=False, dynamic_ncols=True)
         self.optimizer.zero_grad(set_to_none=True)
@@ -103,11 +104,11 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.progress.step += 1
                 self.method.after_step(info)
-            loss_sum += loss.item() * len(y)
-            correct += (logits.argmax(1) == y).sum().item()
+            loss_sum += (value if total is loss else loss.item()) * len(y)
+            correct += (logits.argmax(1) == y).sum()  # stays on the device until the epoch ends
             seen += len(y)
             bar.set_postfix(loss=f"{value:.3f}", refresh=False)
-        return {"train_loss": loss_sum / seen, "train_acc": correct / seen}
+        return {"train_loss": loss_sum / seen, "train_acc": correct.item() / seen}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
