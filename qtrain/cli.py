@@ -1,4 +1,7 @@
-"""Entry points: ``qtrain`` (the Hydra app over ``conf/``)."""
+"""Entry points: ``qtrain`` (the Hydra app over ``conf/``).
+
+torch and pandas are imported only once a run starts, so ``--help`` and a bad choice answer at once.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,12 @@ import sys
 from pathlib import Path
 
 import hydra
-import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from qtrain.config import check_overrides
 from qtrain.errors import DivergedError, QtrainError
-from qtrain.run import run
 
 
 def conf_dir() -> Path:
@@ -28,6 +29,7 @@ def conf_dir() -> Path:
 
 def result_table(summary: dict) -> str:
     """The closing table: accuracy, cost in effective MACs and as % of float32, savings."""
+    import pandas as pd
     cost = summary["cost"]
     acc = summary["final"]["test_acc"]
     row = {
@@ -42,6 +44,8 @@ def result_table(summary: dict) -> str:
 
 
 def _task(cfg: DictConfig) -> None:
+    from qtrain.run import run
+
     hydra_cfg = HydraConfig.get()
     try:
         summary = run(cfg, hydra_cfg.runtime.output_dir)
