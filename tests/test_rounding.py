@@ -1,5 +1,6 @@
 """The hashed uniform source and the grid kernel: distribution, reproducibility, fused == eager."""
 
+import pytest
 import torch
 
 from qtrain.quant import rounding
@@ -63,3 +64,22 @@ def test_fused_kernel_matches_eager_bit_for_bit():
         results.append([round_to_grid(x, scale, zero, 0, 255, s) for s in (True, False)])
     for eager, fused in zip(*results):
         assert torch.equal(eager, fused)
+
+
+def test_compiler_failure_falls_back_to_the_same_eager_result(monkeypatch):
+    x = torch.randn(8, 100)
+    args = (x, torch.full((8, 1), 10.0), torch.zeros(8, 1), torch.tensor([-50.0, 50.0]), torch.tensor(7, dtype=torch.int32))
+    expected = rounding.grid_codes(*args, stochastic=True)
+
+    def broken_compile(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no C++ compiler")
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    kernel = rounding.fused(rounding.grid_codes)  # a kernel cache of its own, so compile is called
+    rounding.set_fused(True)
+    with pytest.warns(UserWarning, match=r"torch.compile failed .*no C\+\+ compiler"):
+        got = kernel(*args, stochastic=True)
+    assert torch.equal(got, expected)
+    assert not rounding._FUSED["enabled"]
