@@ -1,5 +1,6 @@
 """SBM: which layers get which quantizers, the precision record, running ranges, bifurcation, learning."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -72,3 +73,17 @@ def test_evaluation_uses_the_running_activation_range():
 def test_sbm_learns_the_synthetic_task(tmp_path):
     summary = run(make_config(*TINY, "train.epochs=3"), tmp_path)
     assert summary["final"]["test_acc"] > 0.9
+
+
+@pytest.mark.parametrize("bits,saved_dtype", [(2, torch.uint8), (12, torch.int16), (16, torch.float32)])
+def test_activation_codes_take_the_smallest_dtype_and_train(tmp_path, bits, saved_dtype):
+    _, model = _prepared(f"method.act_bits={bits}")
+    layer = model.layer1[0].conv2
+    saved = []
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(torch.randn(4, 16, 8, 8))
+    assert any(t.dtype == saved_dtype and t.numel() == 4 * 16 * 8 * 8 for t in saved)
+    summary = run(make_config(*TINY, f"method.act_bits={bits}", "train.epochs=1"), tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["cost"]["percent_of_float32"] == pytest.approx(100 * (bits * 8 + 64 + bits * 8) / 3 / 1024)
