@@ -9,6 +9,7 @@ options do not cover is work that was skipped (a 0-bit block), which costs nothi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -46,8 +47,9 @@ class LayerPrecision:
     def uniform(cls, bits: Bits, fmt: str) -> LayerPrecision:
         return cls(((1.0, bits),), fmt)
 
+    @cached_property
     def gemm_fractions(self) -> tuple[float, float, float]:
-        """Share-weighted cost of the three GEMMs relative to float32."""
+        """Share-weighted cost of the three GEMMs relative to float32 (computed once: the record is frozen)."""
         total = [0.0, 0.0, 0.0]
         for share, bits in self.options:
             for i, f in enumerate(bits.gemm_fractions()):

@@ -27,7 +27,7 @@ class CostMeter:
         self.samples += samples
         for name, macs in self.macs.items():
             layer = record.get(name)
-            fractions = layer.gemm_fractions() if layer is not None else (1.0, 1.0, 1.0)
+            fractions = layer.gemm_fractions if layer is not None else (1.0, 1.0, 1.0)
             acc = self.effective[name]
             for i, fraction in enumerate(fractions):
                 acc[i] += samples * macs * fraction
