@@ -62,11 +62,35 @@ PrecisionRecord = dict[str, LayerPrecision]
 FLOAT32_LAYER = LayerPrecision.uniform(FLOAT32, "float32")
 
 
+class EpochPrecision:
+    """The sample-weighted mean of the precision records of an epoch's steps: what precision.csv logs."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.weights: dict[str, dict[Bits, float]] = {}
+        self.formats: dict[str, str] = {}
+
+    def add(self, record: PrecisionRecord, samples: int) -> None:
+        self.samples += samples
+        for name, layer in record.items():
+            self.formats[name] = layer.fmt
+            acc = self.weights.setdefault(name, {})
+            for share, bits in layer.options:
+                acc[bits] = acc.get(bits, 0.0) + share * samples
+
+    def record(self) -> PrecisionRecord:
+        return {name: LayerPrecision(tuple((w / self.samples, bits) for bits, w in acc.items()), self.formats[name])
+                for name, acc in self.weights.items()}
+
+
 @torch.no_grad()
 def weight_density(layer: nn.Module) -> float:
     """Share of non-zero weights in what the forward pass sees (the quantized copy, where there is one)."""
-    weight = layer.quantized_weight() if hasattr(layer, "quantized_weight") else layer.weight
-    return weight.count_nonzero().item() / weight.numel()
+    if hasattr(layer, "quantized_weight"):
+        weights = [layer.quantized_weight()]
+    else:
+        weights = [p for n, p in layer.named_parameters(recurse=False) if n.startswith("weight")]
+    return sum(w.count_nonzero().item() for w in weights) / sum(w.numel() for w in weights)
 
 
 def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[str, nn.Module]) -> list[dict]:

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain.config import validate
-from qtrain.cost import CostMeter, gemm_layers, profile_macs
+from qtrain.cost import CostMeter, gemm_layers
 from qtrain.data import BatchStream, load_data
 from qtrain.errors import ConfigError
 from qtrain.methods import build_method
@@ -96,6 +96,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def load_initial_weights(model: torch.nn.Module, run_dir: str) -> None:
+    """Start ``model`` from the final weights of the finished run in ``run_dir`` (``train.init_from``)."""
+    files = RunFiles(run_dir)
+    summary = files.read_summary()
+    if summary is None or summary.get("status") != "completed":
+        raise ConfigError(f"train.init_from={run_dir} is not allowed: it holds no finished run (run the pre-training first)")
+    state = files.load_checkpoint()["model"]
+    ours = model.state_dict()
+    if state.keys() != ours.keys() or any(state[k].shape != ours[k].shape for k in ours):
+        raise ConfigError(f"train.init_from={run_dir} is not allowed: its {summary['model']} weights do not fit this model "
+                          "(pre-train a float32 run of the same model with the same number of classes)")
+    model.load_state_dict(state)
+
+
 def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, status: str, device: torch.device,
               diverged: Diverged | None = None) -> dict[str, Any]:
     last = progress.history[-1] if progress.history else {}
@@ -141,8 +155,10 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     train_split, test_split = data.train.to(device), data.test.to(device)
     channels, height, width = data.image_shape
     model = build_model(cfg.model.name, channels, data.num_classes, (height, width)).to(device)
+    if cfg.train.init_from is not None:
+        load_initial_weights(model, cfg.train.init_from)
     model = method.prepare(model)
-    meter = CostMeter(profile_macs(model, train_split.images[:2].float()))
+    meter = CostMeter(method.profile(model, train_split.images[:2].float()))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     augment = cfg.data.augment
@@ -173,7 +189,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     layers = gemm_layers(model)
 
     def end_epoch(progress: Progress) -> None:
-        precision_log.extend(precision_rows(progress.epoch, progress.step, method.precision(), layers))
+        precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers))
         files.write_table(METRICS, pd.DataFrame(progress.history))
         files.write_table(PRECISION, pd.DataFrame(precision_log))
         files.write_table(COST, meter.table())

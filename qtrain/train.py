@@ -22,6 +22,7 @@ from qtrain.cost import CostMeter
 from qtrain.data import BatchStream
 from qtrain.errors import DivergedError
 from qtrain.methods import Method, StepInfo
+from qtrain.precision import EpochPrecision
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Trainer:
     accum_steps: int = 1
     show_progress: bool = True
     progress: Progress = field(default_factory=Progress)
+    epoch_precision: EpochPrecision = field(default_factory=EpochPrecision)  # of the last epoch trained
 
     def fit(self, on_epoch_end: Callable[[Progress], None]) -> Progress:
         """Train from ``progress.epoch`` to ``epochs``, calling ``on_epoch_end`` after each epoch."""
@@ -88,6 +90,7 @@ class Trainer:
         bar = tqdm(batches.epoch(epoch), total=n, desc=f"epoch {epoch + 1}/{self.epochs}",
                    disable=not self.show_progress, leave=False, dynamic_ncols=True)
         self.optimizer.zero_grad(set_to_none=True)
+        self.epoch_precision = EpochPrecision()
         for i, (x, y) in enumerate(bar):
             info = StepInfo(epoch, self.progress.step, len(y))
             logits = self.model(x)
@@ -97,7 +100,9 @@ class Trainer:
             if not math.isfinite(value):
                 raise Diverged(value, epoch, self.progress.step)
             (total / self.accum_steps).backward()
-            self.meter.add(self.method.precision(), len(y))
+            record = self.method.precision()
+            self.meter.add(record, len(y))
+            self.epoch_precision.add(record, len(y))
             if (i + 1) % self.accum_steps == 0 or i + 1 == n:
                 self.method.after_backward(info)
                 self.optimizer.step()

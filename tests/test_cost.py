@@ -10,7 +10,7 @@ from qtrain.models import build_model
 from qtrain.precision import Bits, LayerPrecision
 
 
-@pytest.mark.parametrize("name,size", [("resnet20", 32), ("resnet38", 16), ("alexnet", 32)])
+@pytest.mark.parametrize("name,size", [("resnet20", 32), ("resnet38", 16), ("alexnet", 32), ("mobilenetv2", 32)])
 def test_profile_matches_torch_flop_counter(name, size):
     model = build_model(name, 3, 10, (size, size))
     x = torch.zeros(3, 3, size, size)

@@ -39,3 +39,16 @@ def test_alexnet_shapes(size):
 def test_alexnet_rejects_mnist_sized_input():
     with pytest.raises(ConfigError, match="input 1x28x28 is too small for model alexnet"):
         build_model("alexnet", 1, 10, (28, 28))
+
+
+def test_mobilenetv2_cifar_layout():
+    model = build_model("mobilenetv2", 3, 100, (32, 32))
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+    blocks = list(model.blocks)
+    # MobileNetV2's table: 1+2+3+4+3+3+1 inverted residual blocks; a residual wherever stride 1 keeps the width
+    assert len(blocks) == 17 and sum(b.identity for b in blocks) == 10
+    depthwise = [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
+    assert len(depthwise) == 17 and all(m.groups == m.in_channels == m.out_channels for m in depthwise)
+    # CIFAR strides: 32x32 in, three stride-2 stages, 4x4 at the last block
+    out = model.head(model.blocks(model.stem(torch.randn(1, 3, 32, 32))))
+    assert out.shape == (1, 1280, 4, 4)

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torch import nn
 
+from qtrain.cost.profile import profile_macs
 from qtrain.errors import ConfigError
 from qtrain.precision import PrecisionRecord
 
@@ -26,12 +27,18 @@ class StepInfo:
     samples: int
 
 
-def check_bits(cfg: DictConfig, *keys: str, low: int = 1, high: int = 32) -> None:
-    """Raise a one-line ConfigError unless every ``cfg[key]`` is an integer in [low, high]."""
+def check_bits(cfg: DictConfig, *keys: str, low: int = 1, high: int = 32, prefix: str = "method.") -> None:
+    """Raise a one-line ConfigError unless every ``cfg[key]`` (an integer or a list of them) is in [low, high]."""
     for key in keys:
         value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"method.{key}={value!r} is not allowed: bit-widths are integers from {low} to {high}")
+        for bits in value if isinstance(value, ListConfig) else [value]:
+            if isinstance(bits, bool) or not isinstance(bits, int) or not low <= bits <= high:
+                raise ConfigError(f"{prefix}{key}={_plain(value)!r} is not allowed: "
+                                  f"bit-widths are integers from {low} to {high}")
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, ListConfig) else value
 
 
 class Method:
@@ -46,6 +53,10 @@ class Method:
         """Swap layers for quantized ones, add gates; called once before the optimizer is built."""
         return model
 
+    def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+        """MACs per sample of every costed layer (called once after :meth:`prepare`, in eval mode)."""
+        return profile_macs(model, sample)
+
     def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
         """Add method terms to the task loss."""
         return loss
@@ -57,7 +68,7 @@ class Method:
         """Act after the optimizer step (re-quantize, switch precision)."""
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        """Epoch-level decisions (loss indicators, precision switches)."""
+        """Epoch-level decisions (loss indicators, precision switches); may add columns to ``metrics``."""
 
     def precision(self) -> PrecisionRecord:
         """The current per-layer precision; layers absent from it are float32."""

@@ -9,6 +9,7 @@ from torch import nn
 
 from qtrain.errors import ConfigError
 from qtrain.models.alexnet import AlexNetCIFAR
+from qtrain.models.mobilenetv2 import MobileNetV2CIFAR
 from qtrain.models.resnet_cifar import ResNetCIFAR
 
 MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
@@ -16,6 +17,7 @@ MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
     "resnet38": (ResNetCIFAR, partial(ResNetCIFAR, 38)),
     "resnet74": (ResNetCIFAR, partial(ResNetCIFAR, 74)),
     "alexnet": (AlexNetCIFAR, AlexNetCIFAR),
+    "mobilenetv2": (MobileNetV2CIFAR, MobileNetV2CIFAR),
 }
 
 

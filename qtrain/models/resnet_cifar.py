@@ -11,16 +11,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from qtrain.models.blocks import Block
 
-class BasicBlock(nn.Module):
+
+class BasicBlock(Block):
     def __init__(self, in_planes: int, planes: int, stride: int) -> None:
         super().__init__()
+        self.identity = stride == 1 and in_planes == planes
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
         self.shortcut = nn.Sequential()
-        if stride != 1 or in_planes != planes:
+        if not self.identity:
             self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,26 +67,28 @@ def _linear_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tens
 class QuantizedGEMM(torch.autograd.Function):
     """A Conv2d or Linear on a quantized activation, with quantized gradients in backward.
 
-    ``layer`` is the module (its GEMM, conv parameters and ``quant``); ``weight`` arrives already
-    quantized. The activation is quantized here so that backward can keep its compact form (integer
-    codes where the quantizer has one) rather than a float32 copy. In backward ``grad_output`` is
+    ``layer`` is the module (its GEMM and conv parameters), ``quant`` the operand quantizers of this
+    call (a per-sample layer has one set per precision option); ``weight`` arrives already quantized.
+    The activation is quantized here so that backward can keep its compact form (integer codes where
+    the quantizer has one) rather than a float32 copy. In backward ``grad_output`` is
     quantized by ``quant.grad`` for the error GEMM and, where ``quant.grad_weight`` is set (SBM's
     FW-8/BW-16 gradient bifurcation), separately for the weight-gradient GEMM.
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any) -> torch.Tensor:
-        act = layer.quant.act
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any, quant: Any
+    ) -> torch.Tensor:
+        act = quant.act
         xq, saved = act.compact(x) if act is not None else (x, (x,))
         ctx.save_for_backward(weight, *saved)
-        ctx.layer, ctx.has_bias, ctx.x_shape = layer, bias is not None, x.shape
+        ctx.layer, ctx.quant, ctx.has_bias, ctx.x_shape = layer, quant, bias is not None, x.shape
         return layer.gemm(xq, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         weight, *saved = ctx.saved_tensors
-        layer = ctx.layer
-        q = layer.quant
+        layer, q = ctx.layer, ctx.quant
         x = q.act.expand(tuple(saved), ctx.x_shape) if q.act is not None else saved[0]
         grads_of = _conv_grads if isinstance(layer, torch.nn.Conv2d) else _linear_grads
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -98,4 +100,4 @@ class QuantizedGEMM(torch.autograd.Function):
         else:
             gx = grads_of(layer, grad_err, x, weight, [need_x, False, False])[0] if need_x else None
             _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, need_w, need_b])
-        return gx, gw, gb, None
+        return gx, gw, gb, None, None
