@@ -6,7 +6,12 @@ per-sample min/max as in the reference code (``act_range: tensor`` takes the glo
 running average of the range for evaluation; nearest rounding. Gradients (``grad_output``): per-tensor
 min/max, stochastic rounding. ``grad_weight_bits`` above ``grad_bits`` is the "gradient bifurcation"
 FW-8/BW-16: the error path stays at ``grad_bits``, the weight-gradient path gets the wider grid.
-Batch norm stays float32. Range BatchNorm is not implemented (off in FracTrain's baselines too).
+Depthwise convolutions are held at ``depthwise_bits`` (FracTrain Sec. 4.2 keeps MobileNetV2's at
+FW-8/BW-16 in every experiment). Batch norm stays float32. Range BatchNorm is not implemented (off in
+FracTrain's baselines too).
+
+The same quantizers serve PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use
+when (:func:`range_linear_quantizers`, :func:`check_range_linear`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,44 @@ from torch import nn
 
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, check_bits
-from qtrain.precision import LayerPrecision, PrecisionRecord
+from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
+
+
+def check_range_linear(cfg: DictConfig) -> None:
+    """Check the options every range-linear method shares (activation range, momentum, depthwise bits)."""
+    if cfg.act_range not in ("tensor", "sample_mean"):
+        raise ConfigError(f"method.act_range={cfg.act_range!r} is not allowed (choose from: tensor, sample_mean)")
+    if not 0 < cfg.act_momentum <= 1:
+        raise ConfigError(f"method.act_momentum={cfg.act_momentum!r} is not allowed: it must be in (0, 1]")
+    if cfg.depthwise_bits is not None:
+        check_bits(cfg.depthwise_bits, "fw", "bw", prefix="method.depthwise_bits.")
+
+
+def is_depthwise(layer: nn.Module) -> bool:
+    return isinstance(layer, nn.Conv2d) and layer.groups > 1 and layer.groups == layer.in_channels
+
+
+def fw_bw(fw: int, bw: int) -> Bits:
+    """FracTrain's FW-a/BW-g: weights and activations at ``fw`` bits, gradients (both paths) at ``bw``."""
+    return Bits(fw, fw, bw, bw)
+
+
+def range_linear_quantizers(bits: Bits, cfg: DictConfig) -> OperandQuantizers:
+    """SBM's quantizers at ``bits``; a separate weight-gradient quantizer only where its bits differ."""
+    bifurcated = bits.grad_weight != bits.grad
+    return OperandQuantizers(
+        weight=RangeLinear(int(bits.weight), "channel", "nearest"),
+        act=RangeLinear(int(bits.act), cfg.act_range, "nearest", momentum=cfg.act_momentum),
+        grad=RangeLinear(int(bits.grad), "tensor", "stochastic"),
+        grad_weight=RangeLinear(int(bits.grad_weight), "tensor", "stochastic") if bifurcated else None,
+    )
+
+
+def uniform_record(model: nn.Module, names: list[str]) -> PrecisionRecord:
+    """The precision record of single-option quantized layers, read from their quantizers."""
+    return {name: LayerPrecision.uniform(model.get_submodule(name).quant.bits(), RangeLinear.fmt) for name in names}
 
 
 class SBM(Method):
@@ -26,30 +66,34 @@ class SBM(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        check_bits(cfg, "weight_bits", "act_bits", "grad_bits", "grad_weight_bits")
-        if cfg.act_range not in ("tensor", "sample_mean"):
-            raise ConfigError(f"method.act_range={cfg.act_range!r} is not allowed (choose from: tensor, sample_mean)")
-        if not 0 < cfg.act_momentum <= 1:
-            raise ConfigError(f"method.act_momentum={cfg.act_momentum!r} is not allowed: it must be in (0, 1]")
+        self.check_schedule()
+        check_range_linear(cfg)
+        self.model: nn.Module | None = None
+        self.swapped: list[str] = []
         self._record: PrecisionRecord = {}
 
-    def _quantizers(self, name: str, layer: nn.Module, first: str, last: str) -> OperandQuantizers | None:
+    def check_schedule(self) -> None:
+        """Check the bit-widths this method trains with."""
+        check_bits(self.cfg, "weight_bits", "act_bits", "grad_bits", "grad_weight_bits")
+
+    def current_bits(self) -> Bits:
+        """The bits of every layer that is not depthwise, at this point of training."""
         cfg = self.cfg
-        if not cfg.quantize_first_last and name in (first, last):
-            return None
-        bifurcated = cfg.grad_weight_bits != cfg.grad_bits
-        return OperandQuantizers(
-            weight=RangeLinear(cfg.weight_bits, "channel", "nearest"),
-            act=RangeLinear(cfg.act_bits, cfg.act_range, "nearest", momentum=cfg.act_momentum),
-            grad=RangeLinear(cfg.grad_bits, "tensor", "stochastic"),
-            grad_weight=RangeLinear(cfg.grad_weight_bits, "tensor", "stochastic") if bifurcated else None,
-        )
+        return Bits(cfg.weight_bits, cfg.act_bits, cfg.grad_bits, cfg.grad_weight_bits)
+
+    def layer_bits(self, layer: nn.Module) -> Bits:
+        depthwise = self.cfg.depthwise_bits
+        if depthwise is not None and is_depthwise(layer):
+            return fw_bw(depthwise.fw, depthwise.bw)
+        return self.current_bits()
 
     def prepare(self, model: nn.Module) -> nn.Module:
         names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        swapped = swap_layers(model, lambda n, m: self._quantizers(n, m, names[0], names[-1]))
-        self._record = {name: LayerPrecision.uniform(model.get_submodule(name).quant.bits(), RangeLinear.fmt)
-                        for name in swapped}
+        keep_float = set() if self.cfg.quantize_first_last else {names[0], names[-1]}
+        self.swapped = swap_layers(model, lambda n, m: None if n in keep_float
+                                   else range_linear_quantizers(self.layer_bits(m), self.cfg))
+        self.model = model
+        self._record = uniform_record(model, self.swapped)
         return model
 
     def precision(self) -> PrecisionRecord:

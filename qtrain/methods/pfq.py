@@ -1,0 +1,62 @@
+"""PFQ: progressive fractional quantization (FracTrain Sec. 3.1, Algorithm 1; appendix A).
+
+SBM's range-linear quantizers (weights per output channel, activations per tensor, gradients per
+tensor with stochastic rounding) stepped through a precision schedule FW(a0..an)/BW(g0..gn): weights
+and activations take the FW bits of the current stage, gradients on both backward paths the BW bits.
+The stage advances at the loss indicator's turning points (``switch: auto``, the paper's default
+epsilon 0.05, alpha 0.3) or after given epochs (``switch: manual``, the appendix's Manual-PFQ).
+metrics.csv records each epoch's stage, the indicator's loss difference and epsilon; precision.csv
+the bits each epoch trained at, so every turning point shows as a change of bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from qtrain.errors import ConfigError
+from qtrain.methods.base import check_bits
+from qtrain.methods.progressive import StageSchedule
+from qtrain.methods.sbm import SBM, fw_bw, uniform_record
+from qtrain.precision import Bits
+
+
+class PFQ(SBM):
+    name = "pfq"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        super().__init__(cfg)
+        self.schedule = StageSchedule(len(cfg.fw), cfg)
+
+    def check_schedule(self) -> None:
+        cfg = self.cfg
+        check_bits(cfg, "fw", "bw")
+        if len(cfg.fw) != len(cfg.bw) or not cfg.fw:
+            raise ConfigError(f"method.fw={list(cfg.fw)} and method.bw={list(cfg.bw)} are not allowed: "
+                              "the schedule needs one FW and one BW bit-width per stage, at least one stage")
+
+    def current_bits(self) -> Bits:
+        stage = self.schedule.stage
+        return fw_bw(self.cfg.fw[stage], self.cfg.bw[stage])
+
+    def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        trained = self.schedule.stage
+        if self.schedule.end_epoch(epoch, metrics["train_loss"]):
+            self._apply_stage()
+        metrics.update(self.schedule.columns(trained))
+
+    def _apply_stage(self) -> None:
+        """Set every quantizer to the current stage's bits (in place: running ranges carry over)."""
+        for name in self.swapped:
+            layer = self.model.get_submodule(name)
+            bits, q = self.layer_bits(layer), layer.quant
+            q.weight.bits, q.act.bits, q.grad.bits = int(bits.weight), int(bits.act), int(bits.grad)
+        self._record = uniform_record(self.model, self.swapped)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.schedule.load_state_dict(state["schedule"])
+        self._apply_stage()

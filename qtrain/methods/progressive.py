@@ -1,0 +1,98 @@
+"""When to move to the next stage of a progressive schedule (FracTrain Sec. 3.1, Algorithm 1; appendix A).
+
+PFQ steps through precision stages and FracTrain through cp targets; both advance either at the
+turning points of the training loss (``switch: auto``, the paper's indicator) or at given epochs
+(``switch: manual``, the appendix's Manual-PFQ).
+
+The indicator (METHODS.md): keep the losses of the current stage's last ``window`` epochs; with
+``L_scale`` the mean loss of the first ``scale_epochs`` epochs of training (of those seen so far,
+while fewer have passed), ``d_i = |L_i - L_now| / L_scale`` over the earlier losses of the window;
+switch when every ``d_i <= epsilon``, then ``epsilon <- epsilon * alpha`` and clear the window, so
+consecutive turning points are at least ``window`` epochs apart.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig
+
+from qtrain.errors import ConfigError
+
+
+class LossIndicator:
+    """Algorithm 1's turning-point test on one loss per epoch."""
+
+    def __init__(self, epsilon: float, alpha: float, window: int = 5, scale_epochs: int = 10) -> None:
+        self.epsilon, self.alpha, self.window, self.scale_epochs = epsilon, alpha, window, scale_epochs
+        self.first: list[float] = []  # the first scale_epochs losses of training: L_scale
+        self.recent: list[float] = []  # the current stage's last `window` losses
+        self.last_difference = math.nan
+
+    def update(self, loss: float) -> bool:
+        """Record an epoch's loss; True when it is a turning point."""
+        if len(self.first) < self.scale_epochs:
+            self.first.append(loss)
+        self.recent = [*self.recent, loss][-self.window:]
+        if len(self.recent) < self.window:
+            self.last_difference = math.nan
+            return False
+        scale = sum(self.first) / len(self.first)
+        self.last_difference = max(abs(earlier - loss) for earlier in self.recent[:-1]) / scale
+        if self.last_difference > self.epsilon:
+            return False
+        self.epsilon *= self.alpha
+        self.recent = []
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "first": list(self.first), "recent": list(self.recent),
+                "last_difference": self.last_difference}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epsilon, self.first, self.recent = state["epsilon"], list(state["first"]), list(state["recent"])
+        self.last_difference = state["last_difference"]
+
+
+class StageSchedule:
+    """The current stage of ``stages``; ``cfg`` holds switch, epsilon, alpha, window, scale_epochs, manual_epochs."""
+
+    def __init__(self, stages: int, cfg: DictConfig) -> None:
+        if cfg.switch not in ("auto", "manual"):
+            raise ConfigError(f"method.switch={cfg.switch!r} is not allowed (choose from: auto, manual)")
+        for key in ("epsilon", "alpha"):
+            if not isinstance(cfg[key], (int, float)) or cfg[key] <= 0:
+                raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be a number > 0")
+        for key, low in (("window", 2), ("scale_epochs", 1)):
+            if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < low:
+                raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be an integer >= {low}")
+        self.stages, self.manual = stages, cfg.switch == "manual"
+        self.manual_epochs = list(cfg.manual_epochs or [])
+        if self.manual and (len(self.manual_epochs) != stages - 1 or self.manual_epochs != sorted(set(self.manual_epochs))
+                            or any(not isinstance(e, int) or e < 1 for e in self.manual_epochs)):
+            raise ConfigError(f"method.manual_epochs={self.manual_epochs} is not allowed: with switch=manual it lists the "
+                              f"{stages - 1} increasing epochs (>= 1) after which the next of the {stages} stages starts")
+        self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.window, cfg.scale_epochs)
+        self.stage = 0
+
+    def end_epoch(self, epoch: int, loss: float) -> bool:
+        """After epoch ``epoch`` (0-based) with training loss ``loss``: True when the next stage starts."""
+        if self.manual:
+            turning = self.stage < self.stages - 1 and epoch + 1 == self.manual_epochs[self.stage]
+        else:
+            turning = self.stage < self.stages - 1 and self.indicator.update(loss)
+        self.stage += turning
+        return turning
+
+    def columns(self, stage_trained: int) -> dict[str, float]:
+        """metrics.csv columns: the stage an epoch trained at and the indicator's state after it."""
+        return {"stage": stage_trained, "loss_difference": self.indicator.last_difference,
+                "epsilon": self.indicator.epsilon}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "indicator": self.indicator.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stage = state["stage"]
+        self.indicator.load_state_dict(state["indicator"])
