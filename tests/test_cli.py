@@ -8,14 +8,16 @@ from .conftest import TINY, run_cli
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for group in ("method: float32, sbm", "model: alexnet, resnet20", "data: cifar10", "experiment: fractrain_cifar"):
+    groups = ("method: dfq, float32, fractrain, pfq, sbm", "model: alexnet, mobilenetv2, resnet20", "data: cifar10",
+              "experiment: fractrain_adapt, fractrain_adapt_pretrain, fractrain_cifar")
+    for group in groups:
         assert group in result.stdout
 
 
 def test_unknown_choice_is_one_line_and_nonzero(tmp_path):
     result = run_cli("method=nope", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == "qtrain: error: unknown method 'nope' (choose from: float32, sbm)"
+    assert result.stderr.strip() == "qtrain: error: unknown method 'nope' (choose from: dfq, float32, fractrain, pfq, sbm)"
     assert not (tmp_path / "outputs").exists()
 
 

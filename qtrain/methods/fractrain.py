@@ -1,0 +1,58 @@
+"""FracTrain: DFQ whose cp target rises at PFQ's turning points (FracTrain Sec. 3.3, Algorithm 2; appendix G).
+
+Training runs DFQ (:mod:`qtrain.methods.dfq`) with the target cp of the current stage; the stage
+advances at the loss indicator's turning points (or after ``manual_epochs``), exactly as PFQ's
+precision stages do (:mod:`qtrain.methods.progressive`). The targets are ``cp_schedule``, e.g.
+1.5/2/2.5/3 %, or, with ``cp_total`` set, appendix G's rule: as many stages as ``cp_schedule`` has,
+rising by ``cp_step``, whose mean is ``cp_total`` (``cp_i = cp_total + (i - (M-1)/2) * cp_step``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from qtrain.errors import ConfigError
+from qtrain.methods.dfq import DFQ, check_positive
+from qtrain.methods.progressive import StageSchedule
+
+
+def appendix_g_targets(cp_total: float, stages: int, step: float) -> list[float]:
+    """Stage targets rising by ``step`` whose mean is ``cp_total`` (FracTrain Eq. (3))."""
+    return [cp_total + (i - (stages - 1) / 2) * step for i in range(stages)]
+
+
+class FracTrain(DFQ):
+    name = "fractrain"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        super().__init__(cfg)
+        self.schedule = StageSchedule(len(self.targets), cfg)
+
+    def check_target(self) -> None:
+        cfg = self.cfg
+        check_positive(cfg, "cp_schedule")
+        self.targets = [float(t) for t in cfg.cp_schedule]
+        if cfg.cp_total is not None:
+            check_positive(cfg, "cp_total")
+            check_positive(cfg, "cp_step")
+            self.targets = appendix_g_targets(cfg.cp_total, len(self.targets), cfg.cp_step)
+            if self.targets[0] <= 0:
+                raise ConfigError(f"method.cp_total={cfg.cp_total} is not allowed with {len(self.targets)} stages "
+                                  f"{cfg.cp_step} apart: the first stage's target would be {self.targets[0]:g} <= 0")
+
+    def target_cp(self) -> float:
+        return self.targets[self.schedule.stage]
+
+    def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        trained = self.schedule.stage
+        super().end_epoch(epoch, metrics)
+        self.schedule.end_epoch(epoch, metrics["train_loss"])
+        metrics.update(self.schedule.columns(trained))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.schedule.load_state_dict(state["schedule"])
