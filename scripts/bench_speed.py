@@ -9,7 +9,9 @@ Prints, for ResNet-20 on 32x32x3 inputs, batch 128, on the CPU:
   tensors to the OS) divided by float32's;
 - fixed-point <8,4> stochastic rounding of 4M floats divided by a copy of them, and divided by
   QPyTorch's fixed_point_quantize (when qtorch is installed).
-Targets (issue 2): SBM <= 1.2x float32 in time and memory, stochastic rounding <= 2x a copy.
+PFQ runs its first stage (FW-3/BW-6), DFQ and FracTrain their gates with per-sample execution.
+Targets: SBM <= 1.2x float32 in time and memory, stochastic rounding <= 2x a copy (issue 2);
+PFQ <= 1.25x, DFQ and FracTrain <= 1.5x float32 in time (issue 3).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 
 import torch
 
-METHODS = ("float32", "sbm", "sbm_bw16")
+METHODS = ("float32", "sbm", "sbm_bw16", "pfq", "dfq", "fractrain")
 
 
 def _rss_kb(field: str) -> int:
@@ -41,8 +43,8 @@ def one_method(name: str, steps: int, batch: int) -> dict:
     from torch.nn import functional as F
 
     from qtrain.cli import conf_dir
-    from qtrain.cost import CostMeter, profile_macs
-    from qtrain.methods import build_method
+    from qtrain.cost import CostMeter
+    from qtrain.methods import StepInfo, build_method
     from qtrain.models import build_model
 
     overrides = ["method=sbm", "experiment=sbm_bw16"] if name == "sbm_bw16" else [f"method={name}"]
@@ -51,12 +53,12 @@ def one_method(name: str, steps: int, batch: int) -> dict:
     torch.manual_seed(0)
     method = build_method(cfg.method)
     model = method.prepare(build_model("resnet20", 3, 10, (32, 32)))
-    meter = CostMeter(profile_macs(model, torch.zeros(2, 3, 32, 32)))
+    meter = CostMeter(method.profile(model, torch.zeros(2, 3, 32, 32)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
 
     def step() -> None:
-        loss = F.cross_entropy(model(x), y)
+        loss = method.loss(F.cross_entropy(model(x), y), StepInfo(0, 0, batch))
         loss.backward()
         meter.add(method.precision(), batch)
         opt.step()

@@ -151,3 +151,29 @@ def test_real_cifar10_copy_loads(tmp_path, caplog):
     assert torch.allclose(mean, torch.tensor(data.mean, dtype=torch.float64), atol=5e-3)
     mnist = load_mnist(tmp_path)
     assert len(mnist.train) == 60_000 and len(mnist.test) == 10_000
+
+
+def test_class_halves_split_both_splits_and_relabel_from_zero():
+    full = load_data(make_config("data=digits").data)
+    first = load_data(make_config("data=digits", "data.subset={by: classes, part: 0}").data)
+    second = load_data(make_config("data=digits", "data.subset={by: classes, part: 1}").data)
+    assert first.num_classes == second.num_classes == 5
+    assert set(first.train.labels.tolist()) == set(second.test.labels.tolist()) == set(range(5))
+    assert len(first.train) + len(second.train) == len(full.train)
+    assert len(first.test) + len(second.test) == len(full.test)
+    upper = full.train.labels >= 5
+    assert torch.equal(second.train.images, full.train.images[upper])
+    assert torch.equal(second.train.labels, full.train.labels[upper] - 5)
+
+
+def test_sample_halves_keep_every_class_and_the_whole_test_set():
+    full = load_data(make_config("data=digits").data)
+    halves = [load_data(make_config("data=digits", f"data.subset={{by: samples, part: {p}}}", f"seed={p}").data)
+              for p in (0, 1)]
+    assert len(halves[0].train) + len(halves[1].train) == len(full.train)
+    for half in halves:
+        assert torch.equal(half.test.images, full.test.images) and half.num_classes == 10
+        counts = torch.bincount(half.train.labels, minlength=10)
+        assert (abs(counts * 2 - torch.bincount(full.train.labels, minlength=10)) <= 1).all()
+    rows = {tuple(x.flatten().tolist()) for half in halves for x in half.train.images}
+    assert len(rows) == len({tuple(x.flatten().tolist()) for x in full.train.images})  # disjoint, covering

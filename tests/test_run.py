@@ -131,3 +131,14 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
     assert whole["steps"] == accumulated["steps"] == 4
     for key in ("train_loss", "test_loss"):
         assert accumulated["final"][key] == pytest.approx(whole["final"][key], rel=1e-4)
+
+
+def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
+    run(make_config(*TINY, "method=float32"), tmp_path / "pre")
+    with pytest.raises(ConfigError, match="holds no finished run"):
+        run(make_config(*TINY, f"train.init_from={tmp_path / 'none'}"), tmp_path / "x")
+    with pytest.raises(ConfigError, match="weights do not fit this model"):
+        run(make_config(*TINY, "model=resnet38", f"train.init_from={tmp_path / 'pre'}"), tmp_path / "y")
+    start = run(make_config(*TINY, "train.epochs=1", f"train.init_from={tmp_path / 'pre'}"), tmp_path / "z")
+    scratch = run(make_config(*TINY, "train.epochs=1"), tmp_path / "s")
+    assert start["final"]["train_loss"] < scratch["final"]["train_loss"]
