@@ -53,8 +53,13 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     assert not _metrics(tmp_path / "a").equals(_metrics(tmp_path / "c"))
 
 
-def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
-    overrides = [*TINY, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]"]
+@pytest.mark.parametrize("method", [
+    ["method=sbm"],
+    # a stage switch after epoch 1 and gates whose state lives in the model
+    ["method=fractrain", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
+])
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
+    overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]"]
     run(make_config(*overrides), tmp_path / "whole")
 
     original = Trainer.train_epoch
@@ -72,6 +77,8 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "train_epoch", original)
     run(make_config(*overrides), tmp_path / "resumed")
     pd.testing.assert_frame_equal(_metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed"))
+    for name in ("precision.csv", "cost.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(tmp_path / "resumed" / name))
 
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_earlier_results(tmp_path, monkeypatch):

@@ -3,8 +3,9 @@
 Every residual block of the model sits behind a gate (:mod:`qtrain.methods.gates`) that picks, per
 input sample, one of the precision options FW-a/BW-g (the first may be FW-0/BW-0: skip the block).
 Inside a block every convolution runs at the chosen option with SBM's range-linear quantizers, except
-depthwise convolutions, held at ``depthwise_bits``; layers outside the blocks (stem, head, shortcut-free
-classifier) run at ``outside``; the gates themselves run and are charged in float32.
+depthwise convolutions, held at ``depthwise_bits``. Layers outside the blocks (the stem convolution,
+MobileNetV2's last 1x1 convolution, the classifier) run at ``outside``, FW-8/BW-8 by default: the paper
+does not say, and that is SBM's precision. The gates run and are charged in float32.
 
 Training objective ``CE + beta * cp`` (Eq. (2)) with ``cp`` this step's cost in percent of float32,
 a differentiable function of the gates: ``cp = fixed + sum_blocks mean_samples(g) . cost_per_option``.
