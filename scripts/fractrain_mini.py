@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+RUNS_DIR = Path("outputs/fractrain_mini")
 RUNS = {
     "float32": ("float32", []),
     "sbm": ("FW-8/BW-8", []),
@@ -38,7 +39,7 @@ RUNS = {
 
 
 def train(method: str, extra: list[str], root: str, epochs: int) -> Path:
-    run_dir = Path("outputs/fractrain_mini") / method
+    run_dir = RUNS_DIR / method
     qtrain = Path(sys.executable).with_name("qtrain")
     command = [str(qtrain), f"method={method}", "model=resnet20", "data=cifar10", f"data.root={root}",
                "data.subset={by: samples, part: 0}", f"train.epochs={epochs}", "progress=false",
@@ -48,23 +49,22 @@ def train(method: str, extra: list[str], root: str, epochs: int) -> Path:
     return run_dir
 
 
-def row(method: str, setting: str, run_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
+def row(method: str, setting: str, run_dir: Path, epochs: int) -> dict:
+    """One table row from a run's metrics.csv (a run cut short shows the epochs it completed)."""
     metrics = pd.read_csv(run_dir / "metrics.csv")
+    last = metrics.iloc[-1]
     stages = ""
     if "stage" in metrics:
         turns = metrics.index[metrics["stage"].diff().fillna(0) > 0]
         stages = " ".join(f"{int(metrics.epoch[i - 1])}" for i in turns) or "none"
     cp = metrics["cp"].round(2).astype(str).str.cat(sep="/") if "cp" in metrics else ""
     return {
-        "method": method, "precision": setting,
-        "test_acc": round(100 * summary["final"]["test_acc"], 2),
-        "best_test_acc": round(100 * summary["best_test_acc"], 2),
-        "effective_macs": f"{summary['cost']['effective_macs']:.3e}",
-        "bit_macs": f"{summary['cost']['bit_macs']:.3e}",
-        "percent_of_float32": round(summary["cost"]["percent_of_float32"], 3),
+        "method": method, "precision": setting, "epochs": f"{int(last.epoch)}/{epochs}",
+        "test_acc": round(100 * last.test_acc, 2), "best_test_acc": round(100 * metrics.test_acc.max(), 2),
+        "effective_macs": f"{last.effective_macs:.3e}", "bit_macs": f"{1024 * last.effective_macs:.3e}",
+        "percent_of_float32": round(last.percent_of_float32, 3),
         "turning_points_after_epoch": stages, "cp_per_epoch": cp,
-        "minutes": round(summary["wall_seconds"] / 60, 1),
+        "median_epoch_s": round(metrics.epoch_seconds.median()),
     }
 
 
@@ -73,8 +73,12 @@ def main() -> None:
     parser.add_argument("--root", required=True, help="folder holding cifar-10-batches-py")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--out", default="results/fractrain_mini_cifar10")
+    parser.add_argument("--report-only", action="store_true", help="tabulate the runs as they stand, train nothing")
     args = parser.parse_args()
-    rows = [row(m, setting, train(m, extra, args.root, args.epochs)) for m, (setting, extra) in RUNS.items()]
+    rows = []
+    for method, (setting, extra) in RUNS.items():
+        run_dir = RUNS_DIR / method if args.report_only else train(method, extra, args.root, args.epochs)
+        rows.append(row(method, setting, run_dir, args.epochs))
     table = pd.DataFrame(rows)
     sbm = float(table.loc[table.method == "sbm", "percent_of_float32"].iloc[0])
     table["savings_vs_sbm_percent"] = (100 * (1 - table["percent_of_float32"] / sbm)).round(1)
@@ -82,10 +86,13 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
-    summary = json.loads((Path("outputs/fractrain_mini/sbm") / "summary.json").read_text())
+    summary = json.loads((RUNS_DIR / "sbm" / "summary.json").read_text())
     machine = (f"{platform.machine()} CPU, {os.cpu_count()} cores, {summary['threads']} torch threads, "
                f"torch {summary['versions']['torch']}, Python {summary['versions']['python']}")
     command = " ".join(["python", "scripts/fractrain_mini.py", "--root", "DIR", "--epochs", str(args.epochs)])
+    unfinished = table.loc[table.epochs != f"{args.epochs}/{args.epochs}", "method"].tolist()
+    cut_short = (f"Cut short, by the time this machine had: {', '.join(unfinished)} (the `epochs` column); rerunning "
+                 f"the command resumes it from its last epoch. " if unfinished else "")
     out.with_suffix(".md").write_text(
         f"# FracTrain in miniature: ResNet-20 on real CIFAR-10\n\n"
         f"Made by `{command}` (DIR from `python ../shared/data/materialize.py DIR`: the offline CIFAR-10 copy, "
@@ -94,7 +101,8 @@ def main() -> None:
         f"{args.epochs} epochs, SGD lr 0.1 cosine to 0, momentum 0.9, wd 5e-4, batch 128, seed 0, one run each. "
         f"PFQ and FracTrain use a 3-epoch indicator window and L_scale from the first 3 epochs (the paper's 5 and 10 "
         f"leave no room in {args.epochs} epochs). Cost: effective MACs of the three training GEMMs (FracTrain's CC), "
-        f"bit-MACs = 1024 x effective MACs.\n\n"
+        f"bit-MACs = 1024 x effective MACs. median_epoch_s includes other jobs that shared the machine at times.\n\n"
+        f"{cut_short}\n\n"
         f"{table.to_markdown(index=False)}\n"
     )
     print(table.to_string(index=False))
