@@ -68,14 +68,14 @@ def test_schedule_stops_at_its_last_stage():
     schedule = _schedule(2)
     stages = []
     for epoch, loss in enumerate(STEPS):
-        schedule.end_epoch(epoch, loss)
+        schedule.end_epoch(epoch, {"train_loss": loss})
         stages.append(schedule.stage)
     assert stages == [0] * 4 + [1] * 17
 
 
 def test_manual_schedule_switches_after_the_given_epochs():
     schedule = _schedule(3, switch="manual", manual_epochs=[2, 5])
-    switched = [epoch for epoch in range(8) if schedule.end_epoch(epoch, 1.0)]
+    switched = [epoch for epoch in range(8) if schedule.end_epoch(epoch, {"train_loss": 1.0})]
     assert switched == [1, 4] and schedule.stage == 2
 
 

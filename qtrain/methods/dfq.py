@@ -26,7 +26,7 @@ from qtrain.cost.profile import profile_macs
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, StepInfo, check_bits
 from qtrain.methods.gates import GateController, GatedBlock
-from qtrain.methods.sbm import check_range_linear, fw_bw, is_depthwise, range_linear_quantizers
+from qtrain.methods.sbm import check_range_linear, fw_bw, held_depthwise_bits, range_linear_quantizers, uniform_record
 from qtrain.models.blocks import Block
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import swap_layers
@@ -73,6 +73,8 @@ class DFQ(Method):
         self.model: nn.Module | None = None
         self.controller: GateController | None = None
         self.blocks: list[GatedBlock] = []
+        self.block_names: list[str] = []
+        self.in_blocks: set[str] = set()  # the quantized layers inside gated blocks
         self.block_layers: list[list[tuple[str, list[Bits]]]] = []  # per block: (layer, bits per run option)
         self.outside_record: PrecisionRecord = {}
         self.cost_matrix: torch.Tensor | None = None  # (blocks, options): cp of each block at each option
@@ -92,33 +94,32 @@ class DFQ(Method):
         self.controller = GateController(self.num_options).to(device)
         model.gate_controller = self.controller
         model.register_forward_pre_hook(self.controller.reset)
-        block_names = []
         for name, block in [(n, m) for n, m in model.named_modules() if isinstance(m, Block)]:
             in_channels = next(m for m in block.modules() if isinstance(m, nn.Conv2d)).in_channels
             gated = GatedBlock(block, in_channels, self.controller, self.has_skip, self.cfg.execution).to(device)
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, gated)
             self.blocks.append(gated)
-            block_names.append(name)
+            self.block_names.append(name)
         if not self.blocks:
             raise ConfigError(f"method dfq needs a model with residual blocks to gate; {type(model).__name__} has none")
 
         def quantizers(name: str, layer: nn.Module) -> Any:
             if ".embed." in name or name.startswith("gate_controller."):
                 return None  # the gates stay float32
-            if is_depthwise(layer) and self.cfg.depthwise_bits is not None:
-                return range_linear_quantizers(fw_bw(self.cfg.depthwise_bits.fw, self.cfg.depthwise_bits.bw), self.cfg)
-            if any(name.startswith(f"{b}.block.") for b in block_names):
+            held = held_depthwise_bits(layer, self.cfg)
+            if held is not None:
+                return range_linear_quantizers(held, self.cfg)
+            if any(name.startswith(f"{b}.block.") for b in self.block_names):
                 return [range_linear_quantizers(bits, self.cfg) for bits in self.run_bits]
             return range_linear_quantizers(fw_bw(self.cfg.outside.fw, self.cfg.outside.bw), self.cfg)
 
         swapped = swap_layers(model, quantizers)
-        for b in block_names:
+        for b in self.block_names:
             layers = [n for n in swapped if n.startswith(f"{b}.block.")]
             self.block_layers.append([(n, self._option_bits(model.get_submodule(n))) for n in layers])
-        in_blocks = {n for layers in self.block_layers for n, _ in layers}
-        self.outside_record = {n: LayerPrecision.uniform(model.get_submodule(n).quant.bits(), RangeLinear.fmt)
-                               for n in swapped if n not in in_blocks}
+        self.in_blocks = {n for layers in self.block_layers for n, _ in layers}
+        self.outside_record = uniform_record(model, [n for n in swapped if n not in self.in_blocks])
         self._record = dict(self.outside_record)
         self.model = model
         return model
@@ -136,9 +137,9 @@ class DFQ(Method):
         finally:
             self.controller.forced = None
         float32 = 3.0 * sum(macs.values())
-        in_blocks = {n for layers in self.block_layers for n, _ in layers}
-        fixed = sum(m * sum(self.outside_record[n].gemm_fractions) if n in self.outside_record else 3.0 * m
-                    for n, m in macs.items() if n not in in_blocks)
+        # everything but the block layers: the outside layers at their bits, the gates in float32
+        fixed = sum(m * sum(self.outside_record[n].gemm_fractions if n in self.outside_record else (1.0, 1.0, 1.0))
+                    for n, m in macs.items() if n not in self.in_blocks)
         rows = []
         for layers in self.block_layers:
             row = [sum(macs[n] * sum(bits[k].gemm_fractions()) for n, bits in layers) for k in range(len(self.run_bits))]

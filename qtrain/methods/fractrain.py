@@ -46,10 +46,8 @@ class FracTrain(DFQ):
         return self.targets[self.schedule.stage]
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        trained = self.schedule.stage
         super().end_epoch(epoch, metrics)
-        self.schedule.end_epoch(epoch, metrics["train_loss"])
-        metrics.update(self.schedule.columns(trained))
+        self.schedule.end_epoch(epoch, metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict()}

@@ -41,10 +41,8 @@ class PFQ(SBM):
         return fw_bw(self.cfg.fw[stage], self.cfg.bw[stage])
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        trained = self.schedule.stage
-        if self.schedule.end_epoch(epoch, metrics["train_loss"]):
+        if self.schedule.end_epoch(epoch, metrics):
             self._apply_stage()
-        metrics.update(self.schedule.columns(trained))
 
     def _apply_stage(self) -> None:
         """Set every quantizer to the current stage's bits (in place: running ranges carry over)."""

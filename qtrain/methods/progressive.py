@@ -76,19 +76,20 @@ class StageSchedule:
         self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.window, cfg.scale_epochs)
         self.stage = 0
 
-    def end_epoch(self, epoch: int, loss: float) -> bool:
-        """After epoch ``epoch`` (0-based) with training loss ``loss``: True when the next stage starts."""
+    def end_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
+        """After epoch ``epoch`` (0-based): True when the next stage starts.
+
+        Reads the epoch's ``train_loss`` and adds the metrics.csv columns: the stage the epoch trained
+        at and the indicator's state after it.
+        """
+        trained, loss = self.stage, metrics["train_loss"]
         if self.manual:
             turning = self.stage < self.stages - 1 and epoch + 1 == self.manual_epochs[self.stage]
         else:
             turning = self.stage < self.stages - 1 and self.indicator.update(loss)
         self.stage += turning
+        metrics.update(stage=trained, loss_difference=self.indicator.last_difference, epsilon=self.indicator.epsilon)
         return turning
-
-    def columns(self, stage_trained: int) -> dict[str, float]:
-        """metrics.csv columns: the stage an epoch trained at and the indicator's state after it."""
-        return {"stage": stage_trained, "loss_difference": self.indicator.last_difference,
-                "epsilon": self.indicator.epsilon}
 
     def state_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "indicator": self.indicator.state_dict()}

@@ -40,6 +40,12 @@ def is_depthwise(layer: nn.Module) -> bool:
     return isinstance(layer, nn.Conv2d) and layer.groups > 1 and layer.groups == layer.in_channels
 
 
+def held_depthwise_bits(layer: nn.Module, cfg: DictConfig) -> Bits | None:
+    """The bits ``cfg.depthwise_bits`` holds ``layer`` at, or None where it is not a held depthwise conv."""
+    held = cfg.depthwise_bits
+    return fw_bw(held.fw, held.bw) if held is not None and is_depthwise(layer) else None
+
+
 def fw_bw(fw: int, bw: int) -> Bits:
     """FracTrain's FW-a/BW-g: weights and activations at ``fw`` bits, gradients (both paths) at ``bw``."""
     return Bits(fw, fw, bw, bw)
@@ -82,10 +88,7 @@ class SBM(Method):
         return Bits(cfg.weight_bits, cfg.act_bits, cfg.grad_bits, cfg.grad_weight_bits)
 
     def layer_bits(self, layer: nn.Module) -> Bits:
-        depthwise = self.cfg.depthwise_bits
-        if depthwise is not None and is_depthwise(layer):
-            return fw_bw(depthwise.fw, depthwise.bw)
-        return self.current_bits()
+        return held_depthwise_bits(layer, self.cfg) or self.current_bits()
 
     def prepare(self, model: nn.Module) -> nn.Module:
         names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
