@@ -8,15 +8,15 @@ from torch.nn import functional as F
 from qtrain.quant import formats
 from qtrain.quant.autograd import quantize_grad, quantize_ste
 from qtrain.quant.layers import OperandQuantizers, QConv2d, QLinear, swap_layers
-from qtrain.quant.quantizers import FixedPoint, RangeLinear
+from qtrain.quant.quantizers import FixedPoint, Quantizer, RangeLinear
 
 
-class Halve(nn.Module):
+class Halve(Quantizer):
     """A deterministic stand-in quantizer whose effect is easy to see."""
 
     bits = 16
 
-    def forward(self, x):
+    def quantize(self, x):
         return x * 0.5
 
 

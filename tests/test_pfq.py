@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
+from torch import nn
 
 from qtrain.errors import ConfigError
 from qtrain.methods import build_method
@@ -73,6 +74,23 @@ def test_schedule_stops_at_its_last_stage():
     assert stages == [0] * 4 + [1] * 17
 
 
+def test_metrics_show_the_epsilon_compared_and_the_indicator_keeps_watching_in_the_last_stage():
+    schedule = _schedule(2)
+    rows = []
+    for epoch, loss in enumerate(STEPS):
+        metrics = {"train_loss": loss}
+        schedule.end_epoch(epoch, metrics)
+        rows.append(metrics)
+    assert [r["stage"] for r in rows[3:6]] == [0, 0, 1]  # the turning point closes epoch 4
+    assert rows[4]["epsilon"] == 0.05 and rows[4]["loss_difference"] == 0  # what epoch 4 compared
+    assert rows[5]["epsilon"] == pytest.approx(0.015) and math.isnan(rows[5]["loss_difference"])
+    # L_scale = (7 * 4 + 3 * 2) / 10 = 3.4; the window refills from epoch 5 and goes on sliding in the last stage
+    scale = 3.4
+    assert rows[9]["loss_difference"] == pytest.approx(2 / scale)  # losses 4, 4, 2, 2, 2
+    assert rows[13]["loss_difference"] == 0 and rows[14]["loss_difference"] == pytest.approx(1 / scale)
+    assert [r["epsilon"] for r in rows[5:]] == pytest.approx([0.015] * 16)  # nothing decays in the last stage
+
+
 def test_manual_schedule_switches_after_the_given_epochs():
     schedule = _schedule(3, switch="manual", manual_epochs=[2, 5])
     switched = [epoch for epoch in range(8) if schedule.end_epoch(epoch, {"train_loss": 1.0})]
@@ -101,7 +119,8 @@ def test_bad_precision_schedules_are_named(override, message):
 
 
 def test_pfq_trains_each_stage_at_its_bits_and_charges_them(tmp_path):
-    overrides = ["method=pfq", "method.fw=[4,8]", "method.bw=[8,16]", "method.switch=manual", "method.manual_epochs=[1]"]
+    overrides = ["method=pfq", "method.fw=[4,8]", "method.bw=[8,16]", "method.switch=manual", "method.manual_epochs=[1]",
+                 "method.last_layer=quantized"]
     summary = run(make_config(*TINY, *overrides), tmp_path)
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert metrics["stage"].tolist() == [0, 1]
@@ -128,4 +147,11 @@ def test_pfq_resumes_at_its_stage_and_bits():
     resumed.load_state_dict(method.state_dict())
     q = model.layer2[1].conv2.quant
     assert (q.weight.bits, q.act.bits, q.grad.bits) == (6, 6, 12)
-    assert resumed.precision()["fc"].options[0][1].weight == 6
+    assert resumed.precision()["layer3.2.conv2"].options[0][1].weight == 6
+
+
+def test_pfq_follows_the_reference_code_stem_quantized_classifier_float32_global_range():
+    method = build_method(make_config("method=pfq").method)
+    model = method.prepare(build_model("resnet20", 3, 10, (8, 8)))
+    assert type(model.fc) is nn.Linear and "fc" not in method.precision()
+    assert model.conv1.quant.act.granularity == "tensor" and model.conv1.quant.act.momentum == 0.9

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from qtrain.errors import ConfigError
 from qtrain.methods import build_method
 from qtrain.models import build_model
 from qtrain.quant import formats
@@ -32,17 +33,30 @@ def test_every_conv_and_linear_is_quantized_and_recorded():
     assert q.grad.rounding == "stochastic" and q.grad_weight is None
 
 
-def test_first_and_last_layers_can_stay_float32():
-    method, model = _prepared("method.quantize_first_last=false")
-    assert type(model.conv1) is nn.Conv2d and type(model.fc) is nn.Linear
-    assert "conv1" not in method.precision() and "layer1.0.conv1" in method.precision()
+@pytest.mark.parametrize("first,last", [("float32", "float32"), ("quantized", "float32"), ("float32", "quantized")])
+def test_first_and_last_layers_can_stay_float32(first, last):
+    method, model = _prepared(f"method.first_layer={first}", f"method.last_layer={last}")
+    assert isinstance(model.conv1, QConv2d) == (first == "quantized")
+    assert isinstance(model.fc, QLinear) == (last == "quantized")
+    assert ("conv1" in method.precision()) == (first == "quantized") and "layer1.0.conv1" in method.precision()
 
 
-def test_bw16_bifurcates_the_weight_gradient_path():
-    method, model = _prepared("experiment=sbm_bw16")
+def test_a_bad_layer_precision_is_named():
+    with pytest.raises(ConfigError, match="method.last_layer='fp16' is not allowed"):
+        _prepared("method.last_layer=fp16")
+
+
+@pytest.mark.parametrize("experiment,grad_weight_bits,percent", [
+    ("sbm_bw16_bifurcation", 16, 100 * (64 + 64 + 128) / 3 / 1024),  # Banner: error path 8, weight gradient 16: 8.33 %
+    ("sbm_bw16_both_paths", 16, 100 * (64 + 128 + 128) / 3 / 1024),  # FracTrain's tables: both at 16: 10.42 %
+])
+def test_the_two_readings_of_fw8_bw16(experiment, grad_weight_bits, percent):
+    method, model = _prepared(f"experiment={experiment}")
     q = model.layer1[0].conv2.quant
-    assert q.grad.bits == 8 and q.grad_weight.bits == 16
-    assert method.precision()["fc"].options[0][1].grad_weight == 16
+    assert q.grad_weight is None or q.grad_weight.bits == grad_weight_bits
+    bits = method.precision()["layer1.0.conv2"].options[0][1]
+    assert bits.grad_weight == 16 and bits.grad == (8 if experiment.endswith("bifurcation") else 16)
+    assert 100 * sum(bits.gemm_fractions()) / 3 == pytest.approx(percent)
 
 
 def test_weights_are_quantized_per_output_channel_to_256_levels():
@@ -54,6 +68,18 @@ def test_weights_are_quantized_per_output_channel_to_256_levels():
         assert torch.isclose(qrow.min(), row.min()) and torch.isclose(qrow.max(), row.max())
     lo, hi = formats.tensor_range(layer.weight.detach(), "channel")
     assert torch.equal(wq, formats.range_linear(layer.weight.detach(), 8, lo, hi))
+
+
+def test_running_range_weighs_its_old_value_by_the_momentum():
+    _, model = _prepared("method.act_momentum=0.9")
+    act = model.layer1[0].conv1.quant.act
+    model.train()
+    first, second = torch.randn(4, 16, 8, 8), torch.randn(4, 16, 8, 8) * 3
+    act(first)
+    act(second)
+    lo = [formats.tensor_range(t, "sample_mean")[0].item() for t in (first, second)]
+    hi = [formats.tensor_range(t, "sample_mean")[1].item() for t in (first, second)]
+    assert act.running_range.tolist() == pytest.approx([0.9 * lo[0] + 0.1 * lo[1], 0.9 * hi[0] + 0.1 * hi[1]])
 
 
 def test_evaluation_uses_the_running_activation_range():

@@ -2,20 +2,40 @@
 
 Every residual block of the model sits behind a gate (:mod:`qtrain.methods.gates`) that picks, per
 input sample, one of the precision options FW-a/BW-g (the first may be FW-0/BW-0: skip the block).
-Inside a block every convolution runs at the chosen option with SBM's range-linear quantizers, except
-depthwise convolutions, held at ``depthwise_bits``. Layers outside the blocks (the stem convolution,
-MobileNetV2's last 1x1 convolution, the classifier) run at ``outside``, FW-8/BW-8 by default: the paper
-does not say, and that is SBM's precision. The gates run and are charged in float32.
+As the paper says (Sec. 3.2: DFQ adapts "the precision of different layers' activations and
+gradients") and the reference code does, an option sets the activation bits (FW) and the gradient
+bits (BW, both backward GEMMs) of every convolution in the block; weights stay at one precision,
+``weight_bits`` (4, the reference's ``--weight_bits`` in its CIFAR commands). All samples that run
+a layer share its quantized weight, one GEMM and one activation/gradient range, each sample rounded
+at its own option's bits. Depthwise convolutions are held at ``depthwise_bits`` (activations FW-8,
+gradients BW-16; weights at ``weight_bits``, as in the reference). Layers outside the blocks (the
+stem convolution, MobileNetV2's last 1x1 convolution, the classifier) run in float32 as in the
+reference (``outside: null``), or at ``outside: {fw, bw}``. The gates run in float32. Activation
+ranges: the tensor's global min/max (the reference's ``reduce_type='extreme'``) with the running
+average the reference keeps for evaluation (``act_momentum``, its weight on the old value).
 
-Training objective ``CE + beta * cp`` (Eq. (2)) with ``cp`` this step's cost in percent of float32,
-a differentiable function of the gates: ``cp = fixed + sum_blocks mean_samples(g) . cost_per_option``.
-The sign of beta follows the measured cp: +|beta| above the target, -|beta| below, so cp settles at
-the target. The precision record of a step carries each block layer's option shares, and the share
-of samples that skipped the block is charged nothing, so the cost meter matches ``cp`` exactly.
+Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
+gated block, in units of an average gated block's float32 forward MACs: the reference code's unit
+(its per-block cost fractions, weighted by the block's MACs relative to the mean), so the default
+``beta = 1e-3`` exerts the reference's pressure. Its sign follows the measured cp: +beta at or above
+the target, -beta below, so cp settles at the target (Algorithm 2, line 5). The controller's ``cp`` is
+in percent of float32 over ``cp_scope``: ``blocks`` (the reference: the gated blocks' cost over their
+float32 cost; the float32 stem, classifier and gates are not counted) or ``model`` (the whole model,
+as the cost meter counts it). The cost meter always charges every layer, so ``percent_of_float32`` in
+the results is the whole model's.
+
+A sample that skips a shape-changing block runs its projection shortcut in float32 (SkipNet, and the
+reference's ``ds(prev, 0, 0)``; ``skip_downsample: projection``); the reference charges such a skip
+nothing, qtrain charges the float32 projection it runs. ``skip_downsample: never`` masks the skip
+option of those blocks out. Departures from the reference code: it runs every option on every sample
+and mixes them (``execution: mix_all`` here, K times the work; ``per_sample`` runs each sample once),
+and its CIFAR script hard-codes options 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, where the paper's
+appendix F lists the options of the model configs (``dfq_options``).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,20 +46,30 @@ from qtrain.cost.profile import profile_macs
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, StepInfo, check_bits
 from qtrain.methods.gates import GateController, GatedBlock
-from qtrain.methods.sbm import check_range_linear, fw_bw, held_depthwise_bits, range_linear_quantizers, uniform_record
+from qtrain.methods.sbm import check_range_linear, is_depthwise, range_linear_quantizers, uniform_record
 from qtrain.models.blocks import Block
-from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
+from qtrain.precision import FLOAT32, Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import swap_layers
 from qtrain.quant.quantizers import RangeLinear
 
 EXECUTIONS = ("per_sample", "mix_all")
+CP_SCOPES = ("blocks", "model")
+SKIP_DOWNSAMPLE = ("projection", "never")
 
 
-def check_positive(cfg: DictConfig, key: str) -> None:
+def check_positive(cfg: DictConfig, key: str, high: float | None = None) -> None:
+    """A number > 0 (and <= ``high``), or a non-empty list of them."""
     values = cfg[key] if isinstance(cfg[key], ListConfig) else [cfg[key]]
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in values):
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= (high or float("inf"))
+                         for v in values):
         shown = list(cfg[key]) if isinstance(cfg[key], ListConfig) else cfg[key]
-        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number > 0 (or a non-empty list of them)")
+        bound = f"in (0, {high:g}]" if high else "> 0"
+        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number {bound} (or a non-empty list of them)")
+
+
+def check_choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    if cfg[key] not in allowed:
+        raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed (choose from: {', '.join(allowed)})")
 
 
 def parse_options(options: Any) -> list[tuple[int, int]]:
@@ -60,113 +90,156 @@ class DFQ(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
+        if cfg.options is None:
+            raise ConfigError("method dfq needs a model with residual blocks to gate; this model config has no "
+                              "dfq_options (choose a ResNet or MobileNetV2)")
         check_range_linear(cfg)
-        check_bits(cfg.outside, "fw", "bw", prefix="method.outside.")
-        if cfg.execution not in EXECUTIONS:
-            raise ConfigError(f"method.execution={cfg.execution!r} is not allowed (choose from: {', '.join(EXECUTIONS)})")
+        check_bits(cfg, "weight_bits")
+        if cfg.outside is not None:
+            check_bits(cfg.outside, "fw", "bw", prefix="method.outside.")
+        for key in ("width", "embed", "hidden"):
+            value = cfg.gate[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"method.gate.{key}={value!r} is not allowed: it must be an integer >= 1")
+        check_choice(cfg, "execution", EXECUTIONS)
+        check_choice(cfg, "cp_scope", CP_SCOPES)
+        check_choice(cfg, "skip_downsample", SKIP_DOWNSAMPLE)
         check_positive(cfg, "beta")
         self.check_target()
         options = parse_options(cfg.options)
         self.has_skip = options[0] == (0, 0)
-        self.run_bits = [fw_bw(fw, bw) for fw, bw in options[int(self.has_skip):]]
+        self.run_options = options[int(self.has_skip):]  # (activation, gradient) bits of each option that runs
         self.num_options = len(options)
         self.model: nn.Module | None = None
         self.controller: GateController | None = None
         self.blocks: list[GatedBlock] = []
-        self.block_names: list[str] = []
-        self.in_blocks: set[str] = set()  # the quantized layers inside gated blocks
-        self.block_layers: list[list[tuple[str, list[Bits]]]] = []  # per block: (layer, bits per run option)
+        # per block: (layer, bits at each run option) and the projection that a skip runs (or None)
+        self.block_layers: list[list[tuple[str, list[Bits]]]] = []
+        self.skip_layers: list[str | None] = []
         self.outside_record: PrecisionRecord = {}
-        self.cost_matrix: torch.Tensor | None = None  # (blocks, options): cp of each block at each option
+        self.cost_cp: torch.Tensor | None = None  # (blocks, options): cp of each block at each option
+        self.cost_units: torch.Tensor | None = None  # (blocks, options): the same cost in the loss's unit
         self.fixed_cp = 0.0
         self._record: PrecisionRecord = {}
         self._cp_sum, self._samples = 0.0, 0
 
     def check_target(self) -> None:
-        check_positive(self.cfg, "target_cp")
+        check_positive(self.cfg, "target_cp", high=100)
 
     def target_cp(self) -> float:
-        """The cp (percent of float32) the controller steers to now."""
+        """The cp (percent of float32, over ``cp_scope``) the controller steers to now."""
         return float(self.cfg.target_cp)
 
+    def _bits(self, fw: int, bw: int) -> Bits:
+        """Activations at ``fw``, both gradient paths at ``bw``, weights at ``weight_bits``."""
+        return Bits(self.cfg.weight_bits, fw, bw, bw)
+
     def prepare(self, model: nn.Module) -> nn.Module:
+        cfg = self.cfg
         device = next(model.parameters()).device
-        self.controller = GateController(self.num_options).to(device)
+        self.controller = GateController(self.num_options, cfg.gate.embed, cfg.gate.hidden).to(device)
         model.gate_controller = self.controller
         model.register_forward_pre_hook(self.controller.reset)
+        names = []
         for name, block in [(n, m) for n, m in model.named_modules() if isinstance(m, Block)]:
             in_channels = next(m for m in block.modules() if isinstance(m, nn.Conv2d)).in_channels
-            gated = GatedBlock(block, in_channels, self.controller, self.has_skip, self.cfg.execution).to(device)
+            gated = GatedBlock(block, in_channels, self.controller, cfg.gate.width, cfg.gate.embed, self.has_skip,
+                               cfg.skip_downsample == "projection", cfg.execution).to(device)
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, gated)
             self.blocks.append(gated)
-            self.block_names.append(name)
+            names.append(name)
         if not self.blocks:
             raise ConfigError(f"method dfq needs a model with residual blocks to gate; {type(model).__name__} has none")
+
+        def block_of(name: str) -> int | None:
+            return next((i for i, b in enumerate(names) if name.startswith(f"{b}.block.")), None)
 
         def quantizers(name: str, layer: nn.Module) -> Any:
             if ".embed." in name or name.startswith("gate_controller."):
                 return None  # the gates stay float32
-            held = held_depthwise_bits(layer, self.cfg)
-            if held is not None:
-                return range_linear_quantizers(held, self.cfg)
-            if any(name.startswith(f"{b}.block.") for b in self.block_names):
-                return [range_linear_quantizers(bits, self.cfg) for bits in self.run_bits]
-            return range_linear_quantizers(fw_bw(self.cfg.outside.fw, self.cfg.outside.bw), self.cfg)
+            if is_depthwise(layer) and cfg.depthwise_bits is not None:
+                return range_linear_quantizers(self._bits(cfg.depthwise_bits.fw, cfg.depthwise_bits.bw), cfg)
+            if block_of(name) is not None:
+                return range_linear_quantizers(self._bits(*self.run_options[0]), cfg)  # bits set per sample
+            return None if cfg.outside is None else range_linear_quantizers(self._bits(cfg.outside.fw, cfg.outside.bw), cfg)
 
         swapped = swap_layers(model, quantizers)
-        for b in self.block_names:
-            layers = [n for n in swapped if n.startswith(f"{b}.block.")]
-            self.block_layers.append([(n, self._option_bits(model.get_submodule(n))) for n in layers])
-        self.in_blocks = {n for layers in self.block_layers for n, _ in layers}
-        self.outside_record = uniform_record(model, [n for n in swapped if n not in self.in_blocks])
+        per_option = [self._bits(fw, bw) for fw, bw in self.run_options]
+        for i, gated in enumerate(self.blocks):
+            layers = [n for n in swapped if block_of(n) == i]
+            varying = [n for n in layers if not (is_depthwise(model.get_submodule(n)) and cfg.depthwise_bits is not None)]
+            gated.set_options([model.get_submodule(n) for n in varying], self.run_options)
+            self.block_layers.append([(n, per_option if n in varying else [model.get_submodule(n).quant.bits()] * len(per_option))
+                                      for n in layers])
+            projection = f"{names[i]}.block.{gated.block.projection_name}" if gated.skip_by_projection else None
+            self.skip_layers.append(projection)
+        in_blocks = {n for layers in self.block_layers for n, _ in layers}
+        self.outside_record = uniform_record(model, [n for n in swapped if n not in in_blocks])
         self._record = dict(self.outside_record)
         self.model = model
         return model
 
-    def _option_bits(self, layer: nn.Module) -> list[Bits]:
-        """The bits of ``layer`` at each run option (a layer held at one precision repeats it)."""
-        bits = [q.bits() for q in layer.quants]
-        return bits if len(bits) > 1 else bits * len(self.run_bits)
-
-    def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
-        """Profile with every block running, then tabulate each block's cost per option."""
+    @contextmanager
+    def _every_block_running(self):
+        """Every sample at the widest run option, each block run once (also under ``mix_all``)."""
         self.controller.forced = self.num_options - 1
+        executions = [b.execution for b in self.blocks]
+        for b in self.blocks:
+            b.execution = "per_sample"
         try:
-            macs = profile_macs(model, sample)
+            yield
         finally:
             self.controller.forced = None
-        float32 = 3.0 * sum(macs.values())
-        # everything but the block layers: the outside layers at their bits, the gates in float32
-        fixed = sum(m * sum(self.outside_record[n].gemm_fractions if n in self.outside_record else (1.0, 1.0, 1.0))
-                    for n, m in macs.items() if n not in self.in_blocks)
-        rows = []
-        for layers in self.block_layers:
-            row = [sum(macs[n] * sum(bits[k].gemm_fractions()) for n, bits in layers) for k in range(len(self.run_bits))]
-            rows.append([0.0] * self.has_skip + row)
+            for b, execution in zip(self.blocks, executions):
+                b.execution = execution
+
+    def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+        """Profile with every block running once, then tabulate each block's cost per option."""
+        with self._every_block_running():
+            macs = profile_macs(model, sample)
+        rows, block_macs = [], []
+        for layers, projection in zip(self.block_layers, self.skip_layers):
+            row = [sum(macs[n] * sum(bits[k].gemm_fractions()) for n, bits in layers) for k in range(len(self.run_options))]
+            skip = [3.0 * macs[projection] if projection else 0.0] * self.has_skip
+            rows.append(skip + row)
+            block_macs.append(sum(macs[n] for n, _ in layers))
+        costs = torch.tensor(rows, dtype=torch.float64)  # effective MACs per sample
+        in_blocks = {n for layers in self.block_layers for n, _ in layers}
+        if self.cfg.cp_scope == "blocks":
+            float32, fixed = 3.0 * sum(block_macs), 0.0
+        else:
+            float32 = 3.0 * sum(macs.values())
+            fixed = sum(m * sum(self.outside_record[n].gemm_fractions if n in self.outside_record else (1.0, 1.0, 1.0))
+                        for n, m in macs.items() if n not in in_blocks)
         device = next(model.parameters()).device
-        self.cost_matrix = torch.tensor(rows, dtype=torch.float32, device=device) * (100.0 / float32)
+        self.cost_cp = (costs * (100.0 / float32)).to(device, torch.float32)
+        self.cost_units = (costs / (sum(block_macs) / len(block_macs))).to(device, torch.float32)
         self.fixed_cp = 100.0 * fixed / float32
         return macs
 
     def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
         shares = torch.stack([block.gates.mean(0) for block in self.blocks])
-        cp = self.fixed_cp + (shares * self.cost_matrix).sum()
+        cp = self.fixed_cp + (shares * self.cost_cp).sum()
+        cost = (shares * self.cost_units).sum() * info.samples
         measured, *flat = torch.cat([cp.detach().view(1), shares.detach().flatten()]).tolist()
         self._record = self._step_record(flat)
         self._cp_sum += measured * info.samples
         self._samples += info.samples
-        beta = self.cfg.beta if measured > self.target_cp() else -self.cfg.beta
-        return loss + beta * cp
+        beta = self.cfg.beta if measured >= self.target_cp() else -self.cfg.beta
+        return loss + beta * cost
 
     def _step_record(self, flat_shares: list[float]) -> PrecisionRecord:
         record = dict(self.outside_record)
         k = self.num_options
-        for b, layers in enumerate(self.block_layers):
-            run_shares = flat_shares[b * k + self.has_skip:(b + 1) * k]
+        for b, (layers, projection) in enumerate(zip(self.block_layers, self.skip_layers)):
+            shares = flat_shares[b * k:(b + 1) * k]
+            run_shares = shares[self.has_skip:]
             for name, bits in layers:
-                options = tuple((s, bb) for s, bb in zip(run_shares, bits) if s > 0)
-                record[name] = LayerPrecision(options, RangeLinear.fmt)
+                options = [(s, bb) for s, bb in zip(run_shares, bits) if s > 0]
+                if name == projection and shares[0] > 0:
+                    options.append((shares[0], FLOAT32))
+                record[name] = LayerPrecision(tuple(options), RangeLinear.fmt)
         return record
 
     def precision(self) -> PrecisionRecord:

@@ -5,6 +5,11 @@ advances at the loss indicator's turning points (or after ``manual_epochs``), ex
 precision stages do (:mod:`qtrain.methods.progressive`). The targets are ``cp_schedule``, e.g.
 1.5/2/2.5/3 %, or, with ``cp_total`` set, appendix G's rule: as many stages as ``cp_schedule`` has,
 rising by ``cp_step``, whose mean is ``cp_total`` (``cp_i = cp_total + (i - (M-1)/2) * cp_step``).
+
+Everything else is DFQ's, with the reference's ``train_frac.py`` defaults where they differ from its
+DFQ script: the running activation range weighs its old value 0.1 (``act_momentum``). Departure: the
+reference feeds its indicator the training loss with the signed cost term added, which flips with
+the controller; qtrain feeds it the task loss, as the paper's Algorithm 1 describes.
 """
 
 from __future__ import annotations
@@ -32,15 +37,16 @@ class FracTrain(DFQ):
 
     def check_target(self) -> None:
         cfg = self.cfg
-        check_positive(cfg, "cp_schedule")
+        check_positive(cfg, "cp_schedule", high=100)
         self.targets = [float(t) for t in cfg.cp_schedule]
         if cfg.cp_total is not None:
-            check_positive(cfg, "cp_total")
+            check_positive(cfg, "cp_total", high=100)
             check_positive(cfg, "cp_step")
             self.targets = appendix_g_targets(cfg.cp_total, len(self.targets), cfg.cp_step)
-            if self.targets[0] <= 0:
+            if not (0 < self.targets[0] and self.targets[-1] <= 100):
                 raise ConfigError(f"method.cp_total={cfg.cp_total} is not allowed with {len(self.targets)} stages "
-                                  f"{cfg.cp_step} apart: the first stage's target would be {self.targets[0]:g} <= 0")
+                                  f"{cfg.cp_step} apart: the stages' targets {self.targets[0]:g}..{self.targets[-1]:g} "
+                                  "must lie in (0, 100]")
 
     def target_cp(self) -> float:
         return self.targets[self.schedule.stage]

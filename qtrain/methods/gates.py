@@ -1,41 +1,48 @@
 """DFQ's gates and gated blocks (FracTrain Sec. 3.2, Eq. (1), Fig. 2; appendix F).
 
-Every gated block has its own light embedding of its input (global average pool, 1x1 conv to 32
-channels, ReLU, 1x1 conv to 16); one LSTM cell shared by all blocks carries its state from block to
-block within a forward pass (reset at each forward) and a shared linear layer maps it to one logit
-per precision option. The softmax's argmax picks each sample's option; the straight-through gate
-``g = onehot + (p - p.detach())`` is exactly 1 for the chosen option in the forward pass and passes the
-gradient to the probabilities.
+Every gated block has its own light embedding of its input (global average pool, 1x1 conv to
+``width`` channels, ReLU, 1x1 conv to ``embed``); one LSTM cell shared by all blocks carries its
+state from block to block within a forward pass (reset at each forward) and a shared linear layer
+maps it to one logit per precision option. The widths follow the reference code: 32/16 with a
+16-unit cell for ResNet, 64/32 with a 32-unit cell for MobileNetV2 (the model config's ``dfq_gate``).
+The softmax's argmax picks each sample's option; the straight-through gate
+``g = onehot + (p - p.detach())`` is exactly 1 for the chosen option in the forward pass and passes
+the gradient to the probabilities.
 
 Execution (``execution``):
-- ``per_sample`` (default): samples are sorted by their option and each contiguous group runs the
-  block at its own precision (batch norm sees every sample that runs the block); the skip option
-  (FW-0/BW-0) passes the sample through unchanged. Block output ``g_chosen * block_chosen(x)``: the
-  accuracy gradient reaches the chosen option, the cost term (in DFQ's loss) every option.
+- ``per_sample`` (default): the samples that run the block run it once, together: every quantized
+  layer of the block shares its weight, GEMM and quantization range over them and rounds each
+  sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`);
+  batch norm sees every sample that runs the block. Block output ``g_chosen * block(x)``: the accuracy
+  gradient reaches the chosen option, the cost term (in DFQ's loss) every option.
 - ``mix_all``: the reference code's way, ``sum_k g_k * block_k(x)`` with every option run on every
   sample (K times the work); for fidelity checks. The cost charged is the chosen options', as in the
   reference.
-A block whose input and output shapes differ cannot be skipped: its skip logit is masked out.
+
+The skip option (FW-0/BW-0) passes a sample through unchanged where the block keeps the shape. A
+block that changes the shape skips through its projection shortcut in float32, as SkipNet and the
+reference code do (``skip_projection``), or, where it has none or that is turned off, cannot be
+skipped: its skip logit is masked out.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from qtrain.models.blocks import Block
-from qtrain.quant.layers import set_groups
-
-EMBED_WIDTH, EMBED_DIM = 32, 16
+from qtrain.quant.layers import set_sample_bits
 
 
 class GateController(nn.Module):
     """The LSTM cell and projection that all gates share, and the recurrent state of one forward pass."""
 
-    def __init__(self, options: int, hidden: int = EMBED_DIM) -> None:
+    def __init__(self, options: int, embed: int, hidden: int) -> None:
         super().__init__()
-        self.cell = nn.LSTMCell(EMBED_DIM, hidden)
+        self.cell = nn.LSTMCell(embed, hidden)
         self.proj = nn.Linear(hidden, options)
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.forced: int | None = None  # every sample takes this option where its block allows (cost profiling)
@@ -52,16 +59,25 @@ class GateController(nn.Module):
 class GatedBlock(nn.Module):
     """A :class:`Block` behind its gate; option 0 is the skip when ``has_skip``, the rest run ``block``."""
 
-    def __init__(self, block: Block, in_channels: int, controller: GateController, has_skip: bool, execution: str) -> None:
+    def __init__(self, block: Block, in_channels: int, controller: GateController, width: int, embed: int,
+                 has_skip: bool, skip_projection: bool, execution: str) -> None:
         super().__init__()
         self.block = block
-        self.embed = nn.Sequential(nn.Conv2d(in_channels, EMBED_WIDTH, 1), nn.ReLU(inplace=True),
-                                   nn.Conv2d(EMBED_WIDTH, EMBED_DIM, 1))
+        self.embed = nn.Sequential(nn.Conv2d(in_channels, width, 1), nn.ReLU(inplace=True), nn.Conv2d(width, embed, 1))
         self.shared = (controller,)  # a tuple, so the shared controller is registered once, on the model
         self.skip = has_skip  # option 0 is the skip
-        self.mask_skip = has_skip and not block.identity
+        # how a skipped sample passes: unchanged, through the float32 projection shortcut, or not at all
+        self.skip_by_projection = has_skip and not block.identity and skip_projection and block.projection_name is not None
+        self.mask_skip = has_skip and not block.identity and not self.skip_by_projection
         self.execution = execution
         self.gates: torch.Tensor | None = None  # (N, options) straight-through gates of the last forward
+        self.option_layers: list[nn.Module] = []  # the layers whose bits follow the option
+        self.option_bits: torch.Tensor | None = None  # (run options, 2): activation and gradient bits
+
+    def set_options(self, layers: Sequence[nn.Module], bits: Sequence[tuple[int, int]]) -> None:
+        """The quantized layers that run at each sample's option, and each run option's (activation, gradient) bits."""
+        self.option_layers = list(layers)
+        self.option_bits = torch.tensor(bits, dtype=torch.float32, device=next(self.embed.parameters()).device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         controller = self.shared[0]
@@ -80,33 +96,37 @@ class GatedBlock(nn.Module):
             return self._mix_all(x, gates)
         return self._per_sample(x, gates, choice)
 
-    def _run(self, x: torch.Tensor, groups: tuple[tuple[int, int], ...]) -> torch.Tensor:
-        """The block on ``x`` whose contiguous groups of samples run at the given options."""
-        offset = 1 if self.skip else 0
-        set_groups(self.block, tuple((option - offset, count) for option, count in groups))
+    def _run(self, x: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        """The block on ``x``, each sample at its run option (0-based, the skip not counted)."""
+        bits = self.option_bits[options]
+        set_sample_bits(self.option_layers, (bits[:, 0], bits[:, 1]))
         try:
             return self.block(x)
         finally:
-            set_groups(self.block, None)
+            set_sample_bits(self.option_layers, None)
+
+    def _skipped(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block.projection(x) if self.skip_by_projection else x
 
     def _per_sample(self, x: torch.Tensor, gates: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
-        order = torch.argsort(choice, stable=True)
-        counts = torch.bincount(choice, minlength=gates.shape[1]).tolist()
-        skipped = counts[0] if self.skip else 0
-        groups = tuple((k, n) for k, n in enumerate(counts) if n and not (self.skip and k == 0))
-        ordered = x[order]
-        out = ordered
-        if groups:
-            ran = self._run(ordered[skipped:], groups)
-            out = torch.cat([ordered[:skipped], ran]) if skipped else ran
-        chosen = gates.gather(1, choice[:, None])[order]
-        out = out * chosen.view(-1, *([1] * (x.dim() - 1)))
-        return out[torch.argsort(order)]
+        chosen = gates.gather(1, choice[:, None]).view(-1, *([1] * (x.dim() - 1)))
+        first = int(self.skip)
+        ran = choice >= first
+        runs = int(ran.sum())
+        if runs == len(x):
+            return self._run(x, choice - first) * chosen
+        ran_index, skip_index = ran.nonzero().squeeze(1), (~ran).nonzero().squeeze(1)
+        parts = [self._skipped(x[skip_index])]
+        if runs:
+            parts.append(self._run(x[ran_index], choice[ran_index] - first))
+        out = torch.cat(parts)[torch.argsort(torch.cat([skip_index, ran_index]))]
+        return out * chosen
 
     def _mix_all(self, x: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * (x.dim() - 1)))
-        first = 1 if self.skip else 0
-        out = gates[:, 0].view(shape) * x if self.skip and not self.mask_skip else 0
+        first = int(self.skip)
+        out = gates[:, 0].view(shape) * self._skipped(x) if self.skip and not self.mask_skip else 0
         for k in range(first, gates.shape[1]):
-            out = out + gates[:, k].view(shape) * self._run(x, ((k, len(x)),))
+            options = torch.full((len(x),), k - first, dtype=torch.long, device=x.device)
+            out = out + gates[:, k].view(shape) * self._run(x, options)
         return out

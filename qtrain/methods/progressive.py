@@ -29,18 +29,25 @@ class LossIndicator:
         self.first: list[float] = []  # the first scale_epochs losses of training: L_scale
         self.recent: list[float] = []  # the current stage's last `window` losses
         self.last_difference = math.nan
+        self.compared_epsilon = epsilon
 
-    def update(self, loss: float) -> bool:
-        """Record an epoch's loss; True when it is a turning point."""
+    def update(self, loss: float, may_turn: bool = True) -> bool:
+        """Record an epoch's loss; True when it is a turning point (never where ``may_turn`` is False).
+
+        Sets ``last_difference`` and ``compared_epsilon``, the values this epoch's test compared (NaN
+        while the window fills); a turning point then decays ``epsilon`` and clears the window.
+        With ``may_turn`` False (the last stage) the window keeps sliding and nothing decays.
+        """
         if len(self.first) < self.scale_epochs:
             self.first.append(loss)
         self.recent = [*self.recent, loss][-self.window:]
+        self.compared_epsilon = self.epsilon
         if len(self.recent) < self.window:
             self.last_difference = math.nan
             return False
         scale = sum(self.first) / len(self.first)
         self.last_difference = max(abs(earlier - loss) for earlier in self.recent[:-1]) / scale
-        if self.last_difference > self.epsilon:
+        if not may_turn or self.last_difference > self.epsilon:
             return False
         self.epsilon *= self.alpha
         self.recent = []
@@ -48,11 +55,11 @@ class LossIndicator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon, "first": list(self.first), "recent": list(self.recent),
-                "last_difference": self.last_difference}
+                "last_difference": self.last_difference, "compared_epsilon": self.compared_epsilon}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epsilon, self.first, self.recent = state["epsilon"], list(state["first"]), list(state["recent"])
-        self.last_difference = state["last_difference"]
+        self.last_difference, self.compared_epsilon = state["last_difference"], state["compared_epsilon"]
 
 
 class StageSchedule:
@@ -80,15 +87,15 @@ class StageSchedule:
         """After epoch ``epoch`` (0-based): True when the next stage starts.
 
         Reads the epoch's ``train_loss`` and adds the metrics.csv columns: the stage the epoch trained
-        at and the indicator's state after it.
+        at, the indicator's loss difference and the epsilon it was compared with (also in the last
+        stage and under manual switching, where the indicator only watches).
         """
-        trained, loss = self.stage, metrics["train_loss"]
-        if self.manual:
-            turning = self.stage < self.stages - 1 and epoch + 1 == self.manual_epochs[self.stage]
-        else:
-            turning = self.stage < self.stages - 1 and self.indicator.update(loss)
+        trained, last = self.stage, self.stage == self.stages - 1
+        fired = self.indicator.update(metrics["train_loss"], may_turn=not (self.manual or last))
+        turning = not last and (epoch + 1 == self.manual_epochs[self.stage] if self.manual else fired)
         self.stage += turning
-        metrics.update(stage=trained, loss_difference=self.indicator.last_difference, epsilon=self.indicator.epsilon)
+        metrics.update(stage=trained, loss_difference=self.indicator.last_difference,
+                       epsilon=self.indicator.compared_epsilon)
         return turning
 
     def state_dict(self) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 
 METHODS.md, "SBM". Weights: per-output-channel min/max, nearest rounding. Activations (the input of
 every Conv2d/Linear): per-tensor range from the batch, by default the mean over the batch of the
-per-sample min/max as in the reference code (``act_range: tensor`` takes the global min/max), with a
-running average of the range for evaluation; nearest rounding. Gradients (``grad_output``): per-tensor
-min/max, stochastic rounding. ``grad_weight_bits`` above ``grad_bits`` is the "gradient bifurcation"
-FW-8/BW-16: the error path stays at ``grad_bits``, the weight-gradient path gets the wider grid.
-Depthwise convolutions are held at ``depthwise_bits`` (FracTrain Sec. 4.2 keeps MobileNetV2's at
-FW-8/BW-16 in every experiment). Batch norm stays float32. Range BatchNorm is not implemented (off in
-FracTrain's baselines too).
+per-sample min/max as in Banner's reference code (``act_range: tensor`` takes the global min/max), with
+a running average of the range for evaluation (``act_momentum``: the weight of the running value, as
+in the reference code); nearest rounding. Gradients (``grad_output``): per-tensor min/max, stochastic
+rounding. Two readings of "FW-8/BW-16": ``grad_weight_bits: 16`` with ``grad_bits: 8`` is Banner's
+gradient bifurcation (error path 8, weight-gradient path 16: 8.33 % of float32, experiment
+``sbm_bw16_bifurcation``); ``grad_bits: 16`` alone puts both backward GEMMs at 16 bits, FracTrain's
+baseline (10.42 %, experiment ``sbm_bw16_both_paths``). Depthwise convolutions are held at
+``depthwise_bits`` (FracTrain Sec. 4.2 keeps MobileNetV2's at FW-8/BW-16 in every experiment). The
+first and last Conv2d/Linear are quantized unless ``first_layer``/``last_layer`` say ``float32``.
+Batch norm stays float32. Range BatchNorm is not implemented (off in FracTrain's baselines too).
 
 The same quantizers serve PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use
 when (:func:`range_linear_quantizers`, :func:`check_range_linear`).
@@ -25,15 +28,27 @@ from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
 
+LAYER_PRECISIONS = ("quantized", "float32")
+
 
 def check_range_linear(cfg: DictConfig) -> None:
     """Check the options every range-linear method shares (activation range, momentum, depthwise bits)."""
     if cfg.act_range not in ("tensor", "sample_mean"):
         raise ConfigError(f"method.act_range={cfg.act_range!r} is not allowed (choose from: tensor, sample_mean)")
-    if not 0 < cfg.act_momentum <= 1:
-        raise ConfigError(f"method.act_momentum={cfg.act_momentum!r} is not allowed: it must be in (0, 1]")
+    momentum = cfg.act_momentum
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+        raise ConfigError(f"method.act_momentum={momentum!r} is not allowed: the running range's weight on its "
+                          "old value, a number in [0, 1)")
     if cfg.depthwise_bits is not None:
         check_bits(cfg.depthwise_bits, "fw", "bw", prefix="method.depthwise_bits.")
+    for key in ("first_layer", "last_layer"):
+        if key in cfg and cfg[key] not in LAYER_PRECISIONS:
+            raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed (choose from: {', '.join(LAYER_PRECISIONS)})")
+
+
+def float_ends(cfg: DictConfig, names: list[str]) -> set[str]:
+    """Which of the first and last of ``names`` (the Conv2d/Linear layers) ``first_layer``/``last_layer`` keep in float32."""
+    return {name for name, key in ((names[0], "first_layer"), (names[-1], "last_layer")) if cfg[key] == "float32"}
 
 
 def is_depthwise(layer: nn.Module) -> bool:
@@ -56,7 +71,7 @@ def range_linear_quantizers(bits: Bits, cfg: DictConfig) -> OperandQuantizers:
     bifurcated = bits.grad_weight != bits.grad
     return OperandQuantizers(
         weight=RangeLinear(int(bits.weight), "channel", "nearest"),
-        act=RangeLinear(int(bits.act), cfg.act_range, "nearest", momentum=cfg.act_momentum),
+        act=RangeLinear(int(bits.act), cfg.act_range, "nearest", momentum=float(cfg.act_momentum)),
         grad=RangeLinear(int(bits.grad), "tensor", "stochastic"),
         grad_weight=RangeLinear(int(bits.grad_weight), "tensor", "stochastic") if bifurcated else None,
     )
@@ -91,8 +106,7 @@ class SBM(Method):
         return held_depthwise_bits(layer, self.cfg) or self.current_bits()
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        keep_float = set() if self.cfg.quantize_first_last else {names[0], names[-1]}
+        keep_float = float_ends(self.cfg, [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))])
         self.swapped = swap_layers(model, lambda n, m: None if n in keep_float
                                    else range_linear_quantizers(self.layer_bits(m), self.cfg))
         self.model = model

@@ -2,13 +2,21 @@
 
 Models mark their blocks by subclassing :class:`Block`. ``identity`` says whether the block's input
 and output have the same shape, so that skipping it (DFQ's FW-0/BW-0 option, SkipNet's skip) is the
-identity; a block that changes the shape always runs.
+identity. A block that changes the shape can be skipped only through its projection shortcut, as
+SkipNet and FracTrain's reference code do (``projection``, where ``projection_name`` names the
+shortcut's convolution inside the block); one without a projection must always run.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
 class Block(nn.Module):
     identity: bool = False
+    projection_name: str | None = None
+
+    def projection(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's projection shortcut alone, run in float32 (only where ``projection_name`` is set)."""
+        raise NotImplementedError(f"{type(self).__name__} has no projection shortcut")

@@ -18,6 +18,7 @@ class BasicBlock(Block):
     def __init__(self, in_planes: int, planes: int, stride: int) -> None:
         super().__init__()
         self.identity = stride == 1 and in_planes == planes
+        self.projection_name = None if self.identity else "shortcut.0"
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
@@ -30,6 +31,10 @@ class BasicBlock(Block):
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return F.relu(out + self.shortcut(x))
+
+    def projection(self, x: torch.Tensor) -> torch.Tensor:
+        conv, bn = self.shortcut
+        return bn(nn.Conv2d.forward(conv, x))  # the plain convolution, also where conv is a quantized layer
 
 
 class ResNetCIFAR(nn.Module):

@@ -67,22 +67,24 @@ def _linear_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tens
 class QuantizedGEMM(torch.autograd.Function):
     """A Conv2d or Linear on a quantized activation, with quantized gradients in backward.
 
-    ``layer`` is the module (its GEMM and conv parameters), ``quant`` the operand quantizers of this
-    call (a per-sample layer has one set per precision option); ``weight`` arrives already quantized.
-    The activation is quantized here so that backward can keep its compact form (integer codes where
-    the quantizer has one) rather than a float32 copy. In backward ``grad_output`` is
-    quantized by ``quant.grad`` for the error GEMM and, where ``quant.grad_weight`` is set (SBM's
-    FW-8/BW-16 gradient bifurcation), separately for the weight-gradient GEMM.
+    ``layer`` is the module (its GEMM and conv parameters), ``quant`` its operand quantizers;
+    ``weight`` arrives already quantized. The activation is quantized here so that backward can keep
+    its compact form (integer codes where the quantizer has one) rather than a float32 copy. In
+    backward ``grad_output`` is quantized by ``quant.grad`` for the error GEMM and, where
+    ``quant.grad_weight`` is set (SBM's FW-8/BW-16 gradient bifurcation), separately for the
+    weight-gradient GEMM. ``act_bits``/``grad_bits`` (``(N,)`` tensors or None) give each sample its
+    own activation and gradient bit-width (DFQ); the gradient's are captured here for backward.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any, quant: Any
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any, quant: Any,
+        act_bits: torch.Tensor | None = None, grad_bits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         act = quant.act
-        xq, saved = act.compact(x) if act is not None else (x, (x,))
+        xq, saved = act.compact(x, act_bits) if act is not None else (x, (x,))
         ctx.save_for_backward(weight, *saved)
-        ctx.layer, ctx.quant, ctx.has_bias, ctx.x_shape = layer, quant, bias is not None, x.shape
+        ctx.layer, ctx.quant, ctx.has_bias, ctx.x_shape, ctx.grad_bits = layer, quant, bias is not None, x.shape, grad_bits
         return layer.gemm(xq, weight, bias)
 
     @staticmethod
@@ -94,10 +96,10 @@ class QuantizedGEMM(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         grad = grad.contiguous()
-        grad_err = q.grad(grad) if q.grad is not None else grad
+        grad_err = q.grad(grad, ctx.grad_bits) if q.grad is not None else grad
         if q.grad_weight is None:
             gx, gw, gb = grads_of(layer, grad_err, x, weight, [need_x, need_w, need_b])
         else:
             gx = grads_of(layer, grad_err, x, weight, [need_x, False, False])[0] if need_x else None
             _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, need_w, need_b])
-        return gx, gw, gb, None, None
+        return gx, gw, gb, None, None, None, None

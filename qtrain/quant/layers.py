@@ -1,9 +1,9 @@
 """Quantized Conv2d and Linear, and the one call that installs them in a model (torchao's style).
 
-A quantized layer keeps the float32 master weight as its parameter and holds one or more
-:class:`OperandQuantizers` (one quantizer, or None for float32, per operand of its three GEMMs): one
-per precision option. A layer with several options runs each contiguous group of samples of the
-batch at its own option when ``option_groups`` is set (DFQ's per-sample precision, FracTrain Sec. 3.2).
+A quantized layer keeps the float32 master weight as its parameter and holds one
+:class:`OperandQuantizers` (one quantizer, or None for float32, per operand of its three GEMMs).
+Where the quantizers allow it, per-sample activation and gradient bit-widths can be set around a
+forward (``sample_bits``: DFQ's per-input precision, FracTrain Sec. 3.2).
 """
 
 from __future__ import annotations
@@ -43,33 +43,28 @@ class OperandQuantizers(nn.Module):
 
 
 class _Quantized:
-    """Forward shared by the quantized layers: quantize the weight (straight-through), then the GEMM."""
+    """Forward shared by the quantized layers: quantize the weight (straight-through), then the GEMM.
 
-    quants: nn.ModuleList
-    # (option, sample count) of each contiguous group of the batch, set around one forward; None: option 0
-    option_groups: tuple[tuple[int, int], ...] | None = None
+    ``sample_bits`` set around one forward gives every sample its own activation and gradient
+    bit-widths, two ``(N,)`` tensors (DFQ's per-input precision, FracTrain Sec. 3.2): all samples
+    share the weight, the GEMM and the quantization range, and each is rounded onto its own grid.
+    """
 
-    @property
-    def quant(self) -> OperandQuantizers:
-        """The quantizers of the first (for most methods the only) precision option."""
-        return self.quants[0]
+    quant: OperandQuantizers
+    sample_bits: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def quantized_weight(self) -> torch.Tensor:
         q = self.quant.weight
         return q(self.weight) if q is not None else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.option_groups is None or len(self.quants) == 1:
-            return self._forward_at(x, self.quant)
-        parts = x.split([count for _, count in self.option_groups])
-        return torch.cat([self._forward_at(part, self.quants[option]) for (option, _), part in zip(self.option_groups, parts)])
-
-    def _forward_at(self, x: torch.Tensor, q: OperandQuantizers) -> torch.Tensor:
+        q = self.quant
+        act_bits, grad_bits = self.sample_bits if self.sample_bits is not None else (None, None)
         weight = quantize_ste(self.weight, q.weight) if q.weight is not None else self.weight
-        if torch.is_grad_enabled() and (q.act is not None or q.grad_weight is not None):
+        if torch.is_grad_enabled() and (q.act is not None or q.grad_weight is not None or grad_bits is not None):
             # one node that keeps the activation's compact codes and can split the gradient paths
-            return QuantizedGEMM.apply(x, weight, self.bias, self, q)
-        out = self.gemm(q.act(x) if q.act is not None else x, weight, self.bias)
+            return QuantizedGEMM.apply(x, weight, self.bias, self, q, act_bits, grad_bits)
+        out = self.gemm(q.act(x, act_bits) if q.act is not None else x, weight, self.bias)
         return quantize_grad(out, q.grad) if q.grad is not None else out
 
 
@@ -83,30 +78,27 @@ class QLinear(_Quantized, nn.Linear):
         return F.linear(x, weight, bias)
 
 
-def _quantized_copy(layer: nn.Module, quants: Sequence[OperandQuantizers]) -> nn.Module:
+def _quantized_copy(layer: nn.Module, quant: OperandQuantizers) -> nn.Module:
     """A QConv2d/QLinear that shares ``layer``'s parameters and buffers (no copy of the weights)."""
     cls = QConv2d if isinstance(layer, nn.Conv2d) else QLinear
     new = cls.__new__(cls)
     new.__dict__.update(layer.__dict__)
     new._modules = dict(layer._modules)
-    new.quants = nn.ModuleList(quants)
+    new.quant = quant
     return new
 
 
-def set_groups(module: nn.Module, groups: tuple[tuple[int, int], ...] | None) -> None:
-    """Set the per-group precision options of every quantized layer inside ``module``."""
-    for layer in module.modules():
-        if isinstance(layer, _Quantized):
-            layer.option_groups = groups
+def set_sample_bits(layers: Sequence[nn.Module], bits: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    """Give ``layers`` per-sample (activation, gradient) bit-widths for the next forward, or clear them (None)."""
+    for layer in layers:
+        layer.sample_bits = bits
 
 
-QuantizersFor = Callable[[str, nn.Module], OperandQuantizers | Sequence[OperandQuantizers] | None]
+QuantizersFor = Callable[[str, nn.Module], OperandQuantizers | None]
 
 
 def swap_layers(model: nn.Module, quantizers_for: QuantizersFor) -> list[str]:
     """Replace every Conv2d and Linear for which ``quantizers_for(name, layer)`` gives quantizers.
-
-    It gives one :class:`OperandQuantizers`, or one per precision option of a per-sample layer.
 
     Parameters are shared, not copied, so an optimizer built before or after sees the same tensors.
     Returns the names of the swapped layers, in model order.
@@ -120,7 +112,6 @@ def swap_layers(model: nn.Module, quantizers_for: QuantizersFor) -> list[str]:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        quants = [quant] if isinstance(quant, OperandQuantizers) else list(quant)
-        setattr(parent, child, _quantized_copy(layer, quants))
+        setattr(parent, child, _quantized_copy(layer, quant))
         swapped.append(name)
     return swapped

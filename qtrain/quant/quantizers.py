@@ -15,14 +15,26 @@ from qtrain.quant.formats import Granularity, Rounding
 
 
 class Quantizer(nn.Module):
-    """Base class: ``bits`` is the width charged by the cost model, ``fmt`` the format's name."""
+    """Base class: ``bits`` is the width charged by the cost model, ``fmt`` the format's name.
+
+    ``quantizer(x)`` quantizes at ``bits``; ``quantizer(x, bits)`` with an ``(N,)`` tensor gives each
+    sample (slice of dimension 0) its own bit-width, where the format supports it.
+    """
 
     fmt = "float32"
     bits: int = 32
 
-    def compact(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """``self(x)`` and what backward saves to rebuild it with :meth:`expand` (here: the tensor itself)."""
-        out = self(x)
+    def forward(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
+        if bits is not None:
+            raise ValueError(f"{type(self).__name__} has no per-sample bit-widths")
+        return self.quantize(x)
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``self(x, bits)`` and what backward saves to rebuild it with :meth:`expand` (here: the tensor itself)."""
+        out = self(x, bits)
         return out, (out,)
 
     def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
@@ -37,7 +49,7 @@ class FixedPoint(Quantizer):
         super().__init__()
         self.bits, self.fl, self.rounding, self.symmetric = wl, fl, rounding, symmetric
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
         return formats.fixed_point(x, self.bits, self.fl, self.rounding, self.symmetric)
 
     def extra_repr(self) -> str:
@@ -48,8 +60,15 @@ class RangeLinear(Quantizer):
     """Range-linear quantization; with ``momentum`` set it keeps a running range for evaluation.
 
     In training mode the range comes from the tensor itself and, when ``momentum`` is given, updates
-    an exponential moving average; in evaluation mode that average is used (the batch's own range
-    until the first training step has set it).
+    a running average as the SBM and FracTrain reference code do: ``running <- momentum * running +
+    (1 - momentum) * batch`` (of the range's ends; the code averages range and zero point, the same
+    linear map). In evaluation mode that average is used. The reference starts the average at zero;
+    here the first training batch sets it, so that early evaluations are not biased toward zero (the
+    two agree after a few times ``1 / (1 - momentum)`` steps). Before any training step evaluation
+    uses the batch's own range.
+
+    Per-sample bit-widths (``quantizer(x, bits)``) share one range over the whole tensor (granularity
+    "tensor" or "sample_mean") and round each sample onto its own ``2^bits`` levels.
     """
 
     fmt = "range-linear"
@@ -61,19 +80,32 @@ class RangeLinear(Quantizer):
             self.register_buffer("running_range", torch.zeros(2))
             self.register_buffer("tracked", torch.zeros((), dtype=torch.bool))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _running(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The running range where evaluation uses it, else None."""
         if self.momentum is not None and not self.training and bool(self.tracked):
-            lo, hi = self.running_range[0].reshape(1, 1), self.running_range[1].reshape(1, 1)
-            return formats.range_linear(x, self.bits, lo, hi, self.rounding)
+            return self.running_range[0].reshape(1, 1), self.running_range[1].reshape(1, 1)
+        return None
+
+    def forward(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
+        running = self._running()
+        if bits is not None:
+            if self.granularity == "channel":
+                raise ValueError("per-sample bit-widths need one range for the whole tensor, not per channel")
+            lo, hi = running if running is not None else formats.tensor_range(x, self.granularity)
+            if running is None and self.momentum is not None and self.training:
+                self._track(lo, hi)
+            return _per_sample(x, bits, lo, hi, self.rounding)
+        if running is not None:
+            return formats.range_linear(x, self.bits, *running, self.rounding)
         out, lo, hi = formats.range_linear_from_data(x, self.bits, self.granularity, self.rounding)
         if self.momentum is not None and self.training:
             self._track(lo, hi)
         return out
 
-    def compact(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """In training, saves integer codes (1 byte each up to 8 bits) instead of float32 values."""
-        if not self.training or formats.code_dtype(self.bits) is None:
-            return super().compact(x)
+        if bits is not None or not self.training or formats.code_dtype(self.bits) is None:
+            return super().compact(x, bits)
         out, lo, hi, codes = formats.range_linear_codes(x, self.bits, self.granularity, self.rounding)
         if self.momentum is not None:
             self._track(lo, hi)
@@ -86,13 +118,21 @@ class RangeLinear(Quantizer):
     def _track(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
         batch = torch.stack([lo.min(), hi.max()])
         if bool(self.tracked):
-            self.running_range.lerp_(batch, self.momentum)
+            self.running_range.lerp_(batch, 1 - self.momentum)
         else:
             self.running_range.copy_(batch)
             self.tracked.fill_(True)
 
     def extra_repr(self) -> str:
         return f"bits={self.bits}, granularity={self.granularity}, rounding={self.rounding}"
+
+
+def _per_sample(x: torch.Tensor, bits: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, rounding: Rounding) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for b in bits.unique().tolist():
+        rows = (bits == b).nonzero().squeeze(1)
+        out[rows] = formats.range_linear(x[rows].contiguous(), int(b), lo, hi, rounding)
+    return out
 
 
 class BlockFloatingPoint(Quantizer):
@@ -104,7 +144,7 @@ class BlockFloatingPoint(Quantizer):
         super().__init__()
         self.bits, self.rounding, self.block, self.dims = wl, rounding, block, dims
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
         return formats.block_floating_point(x, self.bits, self.rounding, self.block, self.dims)
 
     def extra_repr(self) -> str:
@@ -119,7 +159,7 @@ class FloatingPoint(Quantizer):
         self.exp, self.man, self.rounding = exp, man, rounding
         self.bits = 1 + exp + man
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
         return formats.floating_point(x, self.exp, self.man, self.rounding)
 
     def extra_repr(self) -> str:
