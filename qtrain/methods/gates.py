@@ -85,16 +85,20 @@ class GatedBlock(nn.Module):
         if self.mask_skip:
             logits = torch.cat([torch.full_like(logits[:, :1], -torch.inf), logits[:, 1:]], 1)
         probs = logits.softmax(1)
-        if controller.forced is None or (self.mask_skip and controller.forced == 0):
-            choice = probs.argmax(1)
-        else:
-            choice = torch.full_like(probs[:, 0], controller.forced, dtype=torch.long)
+        choice = self.choose(probs)
         # exactly one-hot in the forward pass, the softmax's gradient in the backward pass
         gates = F.one_hot(choice, probs.shape[1]).to(probs.dtype) + (probs - probs.detach())
         self.gates = gates
         if self.execution == "mix_all":
             return self._mix_all(x, gates)
         return self._per_sample(x, gates, choice)
+
+    def choose(self, probs: torch.Tensor) -> torch.Tensor:
+        """Each sample's option: the most probable, or the controller's forced one where the block allows it."""
+        forced = self.shared[0].forced
+        if forced is None or (self.mask_skip and forced == 0):
+            return probs.argmax(1)
+        return torch.full_like(probs[:, 0], forced, dtype=torch.long)
 
     def _run(self, x: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
         """The block on ``x``, each sample at its run option (0-based, the skip not counted)."""
