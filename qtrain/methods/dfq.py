@@ -35,11 +35,14 @@ from qtrain.quant.quantizers import RangeLinear
 EXECUTIONS = ("per_sample", "mix_all")
 
 
-def check_positive(cfg: DictConfig, key: str) -> None:
+def check_positive(cfg: DictConfig, key: str, high: float | None = None) -> None:
+    """A number > 0 (and <= ``high``), or a non-empty list of them."""
     values = cfg[key] if isinstance(cfg[key], ListConfig) else [cfg[key]]
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in values):
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= (high or float("inf"))
+                         for v in values):
         shown = list(cfg[key]) if isinstance(cfg[key], ListConfig) else cfg[key]
-        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number > 0 (or a non-empty list of them)")
+        bound = f"in (0, {high:g}]" if high else "> 0"
+        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number {bound} (or a non-empty list of them)")
 
 
 def parse_options(options: Any) -> list[tuple[int, int]]:
@@ -60,6 +63,9 @@ class DFQ(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
+        if cfg.options is None:
+            raise ConfigError("method dfq needs a model with residual blocks to gate; this model config has no "
+                              "dfq_options (choose a ResNet or MobileNetV2)")
         check_range_linear(cfg)
         check_bits(cfg.outside, "fw", "bw", prefix="method.outside.")
         if cfg.execution not in EXECUTIONS:
@@ -83,7 +89,7 @@ class DFQ(Method):
         self._cp_sum, self._samples = 0.0, 0
 
     def check_target(self) -> None:
-        check_positive(self.cfg, "target_cp")
+        check_positive(self.cfg, "target_cp", high=100)
 
     def target_cp(self) -> float:
         """The cp (percent of float32) the controller steers to now."""

@@ -32,15 +32,16 @@ class FracTrain(DFQ):
 
     def check_target(self) -> None:
         cfg = self.cfg
-        check_positive(cfg, "cp_schedule")
+        check_positive(cfg, "cp_schedule", high=100)
         self.targets = [float(t) for t in cfg.cp_schedule]
         if cfg.cp_total is not None:
-            check_positive(cfg, "cp_total")
+            check_positive(cfg, "cp_total", high=100)
             check_positive(cfg, "cp_step")
             self.targets = appendix_g_targets(cfg.cp_total, len(self.targets), cfg.cp_step)
-            if self.targets[0] <= 0:
+            if not (0 < self.targets[0] and self.targets[-1] <= 100):
                 raise ConfigError(f"method.cp_total={cfg.cp_total} is not allowed with {len(self.targets)} stages "
-                                  f"{cfg.cp_step} apart: the first stage's target would be {self.targets[0]:g} <= 0")
+                                  f"{cfg.cp_step} apart: the stages' targets {self.targets[0]:g}..{self.targets[-1]:g} "
+                                  "must lie in (0, 100]")
 
     def target_cp(self) -> float:
         return self.targets[self.schedule.stage]
