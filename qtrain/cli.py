@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from qtrain.config import check_command_line, run_dir_name
+from qtrain.config import check_command_line, run_dir_name, validate
 from qtrain.errors import DivergedError, QtrainError, RunDirError
 
 _new_dirs: list[Path] = []  # the folders of this single run's directory that did not exist before it
@@ -98,13 +98,15 @@ class RunCallback(Callback):
         self.manifest: Path | None = None  # a sweep's jobs, one JSON line each (jobs may run in other processes)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from qtrain.run import preflight
-
         HydraConfig.instance().set_config(config)
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
         _new_dirs[:] = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+        task = _task_config(config)
         try:
-            preflight(_task_config(config), run_dir)
+            validate(task)  # the run-level values first: no torch import needed
+            from qtrain.run import preflight
+
+            preflight(task, run_dir)
         except QtrainError as err:
             _fail(err)
 
