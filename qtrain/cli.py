@@ -1,21 +1,40 @@
 """Entry points: ``qtrain`` (the Hydra app over ``conf/``).
 
-torch and pandas are imported only once a run starts, so ``--help`` and a bad choice answer at once.
+Errors come up front, as one line ``qtrain: error: ...`` with exit code 2 (3 for a diverged run):
+
+- the command line is checked before Hydra composes anything (:func:`qtrain.config.check_command_line`);
+- in a single run, every check that needs no data runs before Hydra creates the run directory
+  (:meth:`RunCallback.on_run_start`), and a later error removes the folders this run created.
+
+In a sweep (``-m``) a job's failure, of any kind, is recorded in its directory and the sweep goes on;
+at the end one table lists every job, and the exit code is 1 if any failed or diverged.
+
+torch and pandas are imported only once a run starts, so ``--help`` and a bad command line answer at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+import time
+import traceback
 from pathlib import Path
+from typing import Any, NoReturn
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from qtrain.config import check_overrides
-from qtrain.errors import DivergedError, QtrainError
+from qtrain.config import check_command_line, run_dir_name, validate
+from qtrain.errors import DivergedError, QtrainError, RunDirError
+
+_new_dirs: list[Path] = []  # the folders of this single run's directory that did not exist before it
 
 
 def conf_dir() -> Path:
@@ -25,6 +44,15 @@ def conf_dir() -> Path:
         if (candidate / "config.yaml").is_file():
             return candidate
     raise FileNotFoundError(f"qtrain's config tree (conf/config.yaml) is missing beside {here}")
+
+
+def _fail(err: QtrainError) -> NoReturn:
+    print(f"qtrain: error: {err}", file=sys.stderr)
+    sys.exit(err.exit_code)
+
+
+def _task_config(config: DictConfig) -> DictConfig:
+    return OmegaConf.masked_copy(config, [key for key in config.keys() if key != "hydra"])
 
 
 def result_table(summary: dict) -> str:
@@ -43,30 +71,129 @@ def result_table(summary: dict) -> str:
     return pd.DataFrame([row]).to_string(index=False)
 
 
-def _task(cfg: DictConfig) -> None:
-    from qtrain.run import run
+def sweep_table(jobs: list[dict[str, Any]]) -> str:
+    """The table at the end of a sweep: every job with its status, final accuracy, cost and directory."""
+    import pandas as pd
+    rows = []
+    for job in sorted(jobs, key=lambda j: j["num"]):
+        summary = {}
+        path = Path(job["dir"]) / "summary.json"
+        if job["status"] != "failed" and path.is_file():
+            summary = json.loads(path.read_text())
+        acc = (summary.get("final") or {}).get("test_acc")
+        cost = summary.get("cost") or {}
+        rows.append({
+            "job": job["num"], "status": job["status"], "epochs": summary.get("epochs_completed", "-"),
+            "test acc %": "-" if acc is None else f"{100 * acc:.2f}",
+            "% of float32": "-" if "percent_of_float32" not in cost else f"{cost['percent_of_float32']:.2f}",
+            "directory": os.path.relpath(job["dir"]),
+        })
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+class RunCallback(Callback):
+    """Hydra callbacks: the checks before a single run's directory exists; a sweep's record and closing table."""
+
+    def __init__(self) -> None:
+        self.manifest: Path | None = None  # a sweep's jobs, one JSON line each (jobs may run in other processes)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        _new_dirs[:] = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+        task = _task_config(config)
+        try:
+            validate(task)  # the run-level values first: no torch import needed
+            from qtrain.run import preflight
+
+            preflight(task, run_dir)
+        except QtrainError as err:
+            _fail(err)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.manifest = Path(str(config.hydra.sweep.dir)).absolute() / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}.jsonl"
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self.manifest is None:
+            return
+        if job_return.status == JobStatus.COMPLETED:
+            outcome = job_return.return_value
+        else:
+            outcome = {"status": "failed", "error": f"{type(job_return._return_value).__name__}: {job_return._return_value}"}
+        line = {"num": config.hydra.job.num, "dir": config.hydra.runtime.output_dir, **outcome}
+        self.manifest.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.manifest, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.manifest is None or not self.manifest.is_file():
+            return
+        jobs = [json.loads(line) for line in self.manifest.read_text().splitlines()]
+        self.manifest.unlink()
+        print(sweep_table(jobs))
+        bad = [job for job in sorted(jobs, key=lambda j: j["num"]) if job["status"] != "completed"]
+        for job in bad:
+            print(f"qtrain: error: job {job['num']} {job['status']}: {job['error']}", file=sys.stderr)
+        if bad:
+            sys.exit(1)
+
+
+def _remove_new_dirs() -> None:
+    for path in _new_dirs:  # deepest first; a folder something else wrote into stays
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def _task(cfg: DictConfig) -> dict[str, Any]:
+    from qtrain.run import record_failure, run
 
     hydra_cfg = HydraConfig.get()
+    run_dir = hydra_cfg.runtime.output_dir
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        summary = run(cfg, hydra_cfg.runtime.output_dir)
+        summary = run(cfg, run_dir, list(hydra_cfg.overrides.task))
     except QtrainError as err:
+        if not sweep:
+            _remove_new_dirs()
+            _fail(err)
         print(f"qtrain: error: {err}", file=sys.stderr)
-        if isinstance(err, DivergedError) and hydra_cfg.mode == RunMode.MULTIRUN:
-            return  # recorded in the job's summary.json; the other jobs of the sweep go on
-        sys.exit(err.exit_code)
-    print(result_table(summary))
-    print(f"results: {hydra_cfg.runtime.output_dir}")
+        if not isinstance(err, (DivergedError, RunDirError)):
+            record_failure(cfg, run_dir, str(err))
+        return {"status": "diverged" if isinstance(err, DivergedError) else "failed", "error": str(err)}
+    except Exception as err:  # noqa: BLE001 - in a sweep one job's crash is recorded and the others go on
+        if not sweep:
+            raise
+        traceback.print_exc()
+        error = f"{type(err).__name__}: {err}".splitlines()[0]
+        record_failure(cfg, run_dir, error)
+        return {"status": "failed", "error": error}
+    if not sweep:
+        print(result_table(summary))
+        print(f"results: {run_dir}")
+    return {"status": summary["status"]}
+
+
+class _QuietCudaProbe(logging.Filter):
+    """Drop torch's ``No CUDA runtime is found`` notice: on a CPU-only machine there is nothing to act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No CUDA runtime is found")
 
 
 def main() -> None:
-    """``qtrain``: check group choices, then hand over to Hydra."""
+    """``qtrain``: check the command line, then hand over to Hydra."""
     configs = conf_dir()
+    args = get_args_parser().parse_args()
     try:
-        check_overrides(sys.argv[1:], configs)
+        if not (args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion):
+            check_command_line(args.overrides, configs, args.multirun)
     except QtrainError as err:
-        print(f"qtrain: error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        _fail(err)
+    OmegaConf.register_new_resolver("qtrain.run_dir_name", run_dir_name, replace=True)
     logging.getLogger("torch._inductor").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_QuietCudaProbe())
     hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()
 
 

@@ -1,36 +1,182 @@
-"""Config checks that run before any work: one-line errors naming the bad value and what is allowed.
+"""Config checks that run before any work, and a run's identity.
 
-Group choices on the command line (``method=...``, ``model=...``) are checked against the files in
-``conf/`` before Hydra composes anything, so an unknown name gets one line, not a traceback.
-Method-specific values are checked by each method's constructor.
+Checks give one-line errors naming the bad value and what is allowed:
+
+- :func:`check_command_line` reads the command line before Hydra composes anything: group choices
+  (``method=...``) must name a file in ``conf/``; every ``key=value`` must name a key of the composed
+  config (an unknown key gets the nearest valid one), and its value must have the type of the key's
+  default; ``+key`` and ``~key`` are refused, since nothing in qtrain reads a key its config files lack.
+- :func:`validate` checks the run-level values of a composed config (training length, batch sizes,
+  device, data, optimizer, schedule). Method-specific values are checked by each method's constructor.
+
+A run's identity (:func:`identity`) is its whole resolved config minus :data:`NOT_IDENTITY`, the keys
+that cannot change its results; its digest names the run directory and guards resumes (``run.py``).
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import hashlib
+import itertools
+import json
+import math
+import os
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from qtrain.errors import ConfigError
 
 GROUPS = ("method", "model", "data", "optim", "sched", "experiment")
+DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("constant", "multistep", "cosine", "plateau")
+# Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
+# Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
+# (compiled kernels reorder float reductions) included.
+NOT_IDENTITY = ("force", "progress")
+# Paths in the identity are made absolute, so the same folder named from two working directories is one run.
+PATH_KEYS = ("data.root", "train.init_from")
+# Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
+MAX_COMPOSED = 16
 
 
 def group_options(conf_dir: Path, group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
 
 
-def check_overrides(args: list[str], conf_dir: Path) -> None:
-    """Raise ConfigError for a ``group=choice`` argument whose choice has no config file."""
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        group = key.lstrip("+~")
-        if not sep or group not in GROUPS or any(c in value for c in "()${}[]*"):
+def _parse(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except HydraException as err:
+            lines = [line for line in str(err).splitlines() if not line.startswith(("See ", "Error parsing override"))]
+            reason = lines[0].strip() if lines else "not Hydra's override syntax"
+            raise ConfigError(f"cannot read the override {text!r}: {reason}") from None
+    return parsed
+
+
+def _values(override: Any) -> list[Any]:
+    """The values an override sets: one, or each of a sweep's (an interval sweep gives none to check)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    if override.is_discrete_sweep() and override.value_type.name != "GLOB_CHOICE_SWEEP":
+        return list(override.sweep_iterator())
+    return []
+
+
+def _is_group(override: Any) -> bool:
+    return override.key_or_group in GROUPS and override.package is None
+
+
+def _compose(conf_dir: Path, choices: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return compose(config_name="config", overrides=choices)
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    node: Any = cfg
+    for part in key.split("."):
+        if isinstance(node, DictConfig) and part in node.keys():
+            node = node._get_node(part)
+        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))
+        else:
+            return False
+    return True
+
+
+def _unknown_key(key: str, cfg: DictConfig, what: str) -> ConfigError:
+    """``what`` and a hint: the nearest key where the path leaves the config, else the keys that are there."""
+    node: Any = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, DictConfig) and part in node.keys():
+            node = node._get_node(part)
             continue
-        options = group_options(conf_dir, group)
-        for choice in value.split(","):
-            if choice not in options and not (group == "experiment" and choice == "null"):
-                raise ConfigError(f"unknown {group} {choice!r} (choose from: {', '.join(options)})")
+        where = ".".join(parts[:i]) or "the config"
+        siblings = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+        nearest = difflib.get_close_matches(part, siblings, n=1, cutoff=0.6)
+        if nearest:
+            hint = f"did you mean {'.'.join([*parts[:i], nearest[0], *parts[i + 1:]])}?"
+        else:
+            hint = f"{where} has: {', '.join(siblings)}" if siblings else f"{where} holds no keys"
+        return ConfigError(f"{what} ({hint})")
+    return ConfigError(what)
+
+
+_KINDS = (  # (type of the default, types a new value may have, what to call them)
+    (bool, (bool,), "true or false"),
+    (int, (int,), "an integer"),
+    (float, (int, float), "a number"),
+    (str, (str,), "a string"),
+    (list, (list,), "a list"),
+    (dict, (dict,), "a mapping"),
+)
+
+
+def _check_type(key: str, default: Any, value: Any) -> None:
+    if default is None or default == "???" or (isinstance(value, str) and "${" in value):
+        return  # no default to compare with, or an interpolation resolved later
+    if isinstance(default, (ListConfig, DictConfig)):
+        default = OmegaConf.to_container(default)
+    for kind, allowed, name in _KINDS:
+        if isinstance(default, kind):
+            if value is not None and (not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool))):
+                raise ConfigError(f"{key}={value!r} is not allowed: it must be {name}")
+            return
+
+
+def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
+    """Raise ConfigError for an override that names no group choice or key, or gives a value of the wrong type."""
+    parsed = [o for o in _parse(overrides) if not o.is_hydra_override()]
+    for override in parsed:
+        text = override.input_line or override.key_or_group
+        if override.is_sweep_override() and not multirun:
+            raise ConfigError(f"{text} is a sweep: add -m (--multirun) to run one job per value")
+        if not _is_group(override):
+            continue
+        if override.is_delete() or override.is_add():
+            raise ConfigError(f"{text} is not allowed: pick one with {override.key_or_group}=NAME")
+        options = group_options(conf_dir, override.key_or_group)
+        for choice in _values(override):
+            if choice not in options and not (override.key_or_group == "experiment" and choice is None):
+                raise ConfigError(f"unknown {override.key_or_group} {choice!r} (choose from: {', '.join(options)})")
+    choices = [[f"{o.key_or_group}={'null' if v is None else v}" for v in _values(o)] for o in parsed
+               if _is_group(o) and _values(o)]  # a glob sweep's choices are Hydra's to expand: the default stands in
+    keys = [o for o in parsed if not _is_group(o)]
+    if not keys:
+        return
+    configs = [_compose(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)]
+    for override in keys:
+        key, text = override.key_or_group, override.input_line or override.key_or_group
+        if override.is_add():
+            if all(_has_key(cfg, key) for cfg in configs):
+                raise ConfigError(f"{text} is not allowed: {key} is set already (drop the +)")
+            raise _unknown_key(key, configs[0], f"{text} is not allowed: nothing reads {key}")
+        if override.is_delete():
+            raise ConfigError(f"{text} is not allowed: qtrain reads every key of its config (set {key} instead)")
+        for cfg in configs:
+            if not _has_key(cfg, key):
+                raise _unknown_key(key, cfg, f"unknown key {key}")
+            default = OmegaConf.select(cfg, key, throw_on_missing=False)
+            for value in _values(override):
+                _check_type(key, default, value)
+
+
+# ---- checks of a composed config ----
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _require_int(cfg: DictConfig, key: str, low: int) -> None:
@@ -39,17 +185,157 @@ def _require_int(cfg: DictConfig, key: str, low: int) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: it must be an integer >= {low}")
 
 
+def _require_number(cfg: DictConfig, key: str, low: float, high: float = math.inf, *,
+                    low_open: bool = False, high_open: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not _is_number(value) or value < low or value > high or (low_open and value == low) or (high_open and value == high):
+        if high == math.inf:
+            allowed = f"> {low:g}" if low_open else f">= {low:g}"
+        else:
+            allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"{key}={value!r} is not allowed: it must be a finite number {allowed}")
+
+
+def _require_bool(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not allowed: it must be true or false")
+
+
+def _require_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], what: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in choices:
+        raise ConfigError(f"unknown {what} {value!r} (choose from: {', '.join(sorted(choices))})")
+
+
+def _validate_data(cfg: DictConfig) -> None:
+    data = cfg.data
+    if "root" in data.keys():
+        if OmegaConf.is_missing(data, "root"):
+            raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {data.name} files")
+        if not isinstance(data.root, str) or not Path(data.root).expanduser().is_dir():
+            raise ConfigError(f"data.root={data.root!r} is not allowed: it must be the folder that holds the "
+                              f"{data.name} files")
+    if data.name == "synthetic":
+        for key, low in (("n_train", 1), ("n_test", 1), ("num_classes", 2), ("channels", 1), ("size", 1), ("seed", 0)):
+            _require_int(cfg, f"data.{key}", low)
+    _require_int(cfg, "data.augment.crop_padding", 0)
+    _require_bool(cfg, "data.augment.flip")
+    subset = data.subset
+    if subset is not None and (not isinstance(subset, DictConfig) or set(subset.keys()) != {"by", "part"}
+                               or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
+        shown = OmegaConf.to_container(subset) if isinstance(subset, DictConfig) else subset
+        raise ConfigError(f"data.subset={shown} is not allowed: {{by: classes|samples, part: 0|1}} or null")
+
+
+def _validate_optim(cfg: DictConfig) -> None:
+    _require_choice(cfg, "optim.name", OPTIMIZERS, "optimizer")
+    _require_number(cfg, "optim.lr", 0, low_open=True)
+    _require_number(cfg, "optim.weight_decay", 0)
+    if cfg.optim.name == "sgd":
+        _require_number(cfg, "optim.momentum", 0, 1, high_open=True)
+        _require_bool(cfg, "optim.nesterov")
+        if cfg.optim.nesterov and cfg.optim.momentum == 0:
+            raise ConfigError("optim.nesterov=true is not allowed with optim.momentum=0: Nesterov needs momentum")
+    else:
+        betas = cfg.optim.betas
+        if not isinstance(betas, ListConfig) or len(betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in betas):
+            raise ConfigError(f"optim.betas={_plain(betas)!r} is not allowed: it must be two numbers in [0, 1)")
+        _require_number(cfg, "optim.eps", 0, low_open=True)
+
+
+def _validate_sched(cfg: DictConfig) -> None:
+    _require_choice(cfg, "sched.name", SCHEDULES, "schedule")
+    name = cfg.sched.name
+    if name == "multistep":
+        milestones = cfg.sched.milestones
+        if not isinstance(milestones, ListConfig) or any(isinstance(m, bool) or not isinstance(m, int) or m < 1
+                                                         for m in milestones):
+            raise ConfigError(f"sched.milestones={_plain(milestones)!r} is not allowed: it must be a list of epochs >= 1")
+        _require_number(cfg, "sched.gamma", 0, low_open=True)
+    if name in ("cosine", "plateau"):
+        _require_number(cfg, "sched.min_lr", 0)
+    if name == "plateau":
+        _require_number(cfg, "sched.factor", 0, 1, low_open=True, high_open=True)
+        _require_int(cfg, "sched.patience", 0)
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if isinstance(value, (ListConfig, DictConfig)) else value
+
+
 def validate(cfg: DictConfig) -> None:
-    """Check the run-level values (training length, batch sizes, device, seed, data root)."""
-    _require_int(cfg, "train.epochs", 0)
+    """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule)."""
+    _require_int(cfg, "train.epochs", 1)
     _require_int(cfg, "train.batch_size", 1)
     _require_int(cfg, "train.eval_batch_size", 1)
     _require_int(cfg, "train.accum_steps", 1)
     _require_int(cfg, "seed", 0)
-    if cfg.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"device={cfg.device!r} is not allowed (choose from: auto, cpu, cuda)")
-    if "root" in cfg.data and OmegaConf.is_missing(cfg.data, "root"):
-        raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {cfg.data.name} files")
-    augment = cfg.data.augment
-    if isinstance(augment.crop_padding, bool) or not isinstance(augment.crop_padding, int) or augment.crop_padding < 0:
-        raise ConfigError(f"data.augment.crop_padding={augment.crop_padding!r} is not allowed: it must be an integer >= 0")
+    for key in ("force", "progress", "fused"):
+        _require_bool(cfg, key)
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"device={cfg.device!r} is not allowed (choose from: {', '.join(DEVICES)})")
+    init_from = cfg.train.init_from
+    if init_from is not None and (not isinstance(init_from, str) or not init_from):
+        raise ConfigError(f"train.init_from={init_from!r} is not allowed: it must be a finished run's directory or null")
+    _validate_data(cfg)
+    _validate_optim(cfg)
+    _validate_sched(cfg)
+
+
+# ---- a run's identity ----
+
+def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
+    """The resolved config minus :data:`NOT_IDENTITY`, with :data:`PATH_KEYS` made absolute."""
+    if isinstance(config, DictConfig):
+        plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
+    else:
+        plain = copy.deepcopy(config)
+    plain.pop("hydra", None)
+    for key in NOT_IDENTITY:
+        plain.pop(key, None)
+    for dotted in PATH_KEYS:
+        section, _, key = dotted.partition(".")
+        value = plain.get(section, {}).get(key) if isinstance(plain.get(section), dict) else None
+        if isinstance(value, str) and value != "???":
+            plain[section][key] = os.path.abspath(os.path.expanduser(value))
+    return plain
+
+
+def digest(ident: dict[str, Any]) -> str:
+    """A short hash of an identity: 8 hex digits, in the run directory's name."""
+    text = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def first_difference(old: Any, new: Any, prefix: str = "") -> str:
+    """``key old → new`` for the first key whose values differ (a section's ``name`` first, then sorted), or ``""``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=lambda k: (k != "name", k)):
+            found = first_difference(old.get(key, _ABSENT), new.get(key, _ABSENT), f"{prefix}{key}.")
+            if found:
+                return found
+        return ""
+    if old == new or (isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)):
+        return ""
+    return f"{prefix[:-1]} {old!r} → {new!r}"
+
+
+def run_dir_name(override_dirname: str, *, _root_: DictConfig) -> str:
+    """The last part of a run directory: the overrides that name it, then ``id=`` the identity's digest.
+
+    Registered as the resolver ``qtrain.run_dir_name`` and used by ``hydra.run.dir`` and
+    ``hydra.sweep.subdir``: two configs with different identities never share a directory.
+    """
+    task = OmegaConf.masked_copy(_root_, [k for k in _root_.keys() if k != "hydra"])
+    name = override_dirname.replace("/", "_")[:120]
+    run_id = f"id={digest(identity(task))}"
+    return f"{name},{run_id}" if name else run_id

@@ -19,3 +19,7 @@ class DivergedError(QtrainError):
     """The loss became NaN or infinite."""
 
     exit_code = 3
+
+
+class RunDirError(QtrainError):
+    """A run directory that holds another run, is in use by another process, or cannot be written or read."""

@@ -1,29 +1,55 @@
 """Run outputs (DESIGN.md, "Results"): metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt.
 
 Every file is written to a temporary name in the run directory and renamed over the old one, so a
-kill at any moment leaves either the previous complete file or the new complete file, never half.
+kill at any moment leaves either the previous complete file or the new complete file, never half;
+files get the mode the umask gives. A temporary file left by a kill is removed when the run resumes.
+Checkpoints hold tensors and plain Python values only and load with ``weights_only=True``, so a
+checkpoint from elsewhere (``train.init_from``) cannot run code.
+
+:class:`RunLock` makes a run directory one process's at a time: an exclusive ``flock`` on
+``.qtrain.lock`` naming its holder. The kernel drops the lock when the holder exits, however it ends,
+so the lock of a killed run is stale at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pandas as pd
 import torch
+from omegaconf import DictConfig, OmegaConf
+
+from qtrain.errors import RunDirError
 
 METRICS, PRECISION, COST, SUMMARY, CHECKPOINT = "metrics.csv", "precision.csv", "cost.csv", "summary.json", "checkpoint.pt"
+HYDRA_DIR, LOCK = ".hydra", ".qtrain.lock"
+TMP_SUFFIX = ".tmp"
+
+
+def file_mode() -> int:
+    """The mode a new file gets under the process's umask (``mkstemp`` alone gives 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
     try:
         write(Path(tmp))
         os.replace(tmp, path)
@@ -32,11 +58,71 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def load_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's contents, read as tensors and plain Python values only (``weights_only=True``)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - unpickling raises assorted errors on foreign or damaged files
+        raise RunDirError(f"{path} cannot be read as a qtrain checkpoint of plain tensors ({type(err).__name__}); "
+                          "it was written by an older qtrain or by something else") from None
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held from :meth:`acquire` to :meth:`release` (or exit)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise RunDirError naming its holder; creates the directory if needed."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "starting up"
+                    os.close(fd)
+                    raise RunDirError(f"{self.path.parent} is in use by another qtrain run ({holder}): wait for it "
+                                      "to end, or choose another directory with hydra.run.dir=DIR") from None
+                try:  # the last holder removes the file on release: lock the file that is still there
+                    current = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    current = False
+                if current:
+                    break
+                os.close(fd)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                      .encode(), 0)
+        except OSError as err:
+            raise RunDirError(f"cannot write to the run directory {self.path.parent}: {err.strerror}") from None
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
 class RunFiles:
     """The result files of one run directory."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.dir = Path(run_dir)
+
+    def lock(self) -> RunLock:
+        return RunLock(self.dir)
 
     def write_table(self, name: str, table: pd.DataFrame) -> None:
         atomic_write(self.dir / name, lambda tmp: table.to_csv(tmp, index=False))
@@ -46,14 +132,30 @@ class RunFiles:
 
     def read_summary(self) -> dict[str, Any] | None:
         path = self.dir / SUMMARY
-        return json.loads(path.read_text()) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RunDirError(f"{path} is not a qtrain summary ({type(err).__name__})") from None
+
+    def write_config(self, config: DictConfig, overrides: list[str]) -> None:
+        """``.hydra/config.yaml`` and ``.hydra/overrides.yaml``: the run's config and its command-line overrides."""
+        for name, content in (("config.yaml", config), ("overrides.yaml", OmegaConf.create(overrides))):
+            atomic_write(self.dir / HYDRA_DIR / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         atomic_write(self.dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         path = self.dir / CHECKPOINT
-        return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+        return load_state(path) if path.is_file() else None
+
+    def remove_stale_temps(self) -> None:
+        """Remove the temporary files of writes that a kill interrupted (call while holding the lock)."""
+        for folder in (self.dir, self.dir / HYDRA_DIR):
+            for path in folder.glob(f".*{TMP_SUFFIX}"):
+                path.unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Remove the results and checkpoint of an earlier attempt (for ``force=true``)."""

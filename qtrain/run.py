@@ -1,9 +1,25 @@
 """One run: config -> data, model, method, trainer -> results; resume from the run directory.
 
-A run directory holds at most one run. Starting a run where a checkpoint exists resumes it (same
-config required); where a summary exists the run is finished and is only reported again, unless
-``force=true``. After every epoch the metrics, precision and cost tables and a checkpoint are
-written atomically, so a crash or kill loses at most the epoch in progress.
+A run directory holds one run, named by the run's *identity*: its whole resolved config minus the
+keys that cannot change its results (``force``, ``progress``; :data:`qtrain.config.NOT_IDENTITY`),
+with ``data.root`` and ``train.init_from`` made absolute paths. ``device`` and ``fused`` are part of
+it: CPU and GPU kernels, and compiled and eager ones, round differently. The directory's name ends in
+``id=`` and a digest of the identity, and every checkpoint and summary stores the identity itself.
+
+:func:`run` first does every check that needs no data (:func:`preflight`: the run's values, the
+method's, ``train.init_from``, that the directory can be written), then locks the directory and reads
+what it holds:
+
+- nothing: a new run starts;
+- a run of another identity: a one-line error naming the first differing key (old → new), the
+  directory left as it was (``force=true`` replaces that run);
+- a completed run: its summary is reported again; a diverged run: the divergence is reported again
+  (exit code 3); ``force=true`` starts either over;
+- a failed sweep job (a ``failed`` summary, :func:`record_failure`): it is redone, from its
+  checkpoint if it has one; a checkpoint alone: the run resumes.
+
+After every epoch the metrics, precision and cost tables and a checkpoint are written atomically, so
+a crash or kill loses at most the epoch in progress.
 """
 
 from __future__ import annotations
@@ -11,6 +27,8 @@ from __future__ import annotations
 import logging
 import platform
 import random
+import tempfile
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,12 +38,12 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from qtrain.config import validate
+from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, gemm_layers
-from qtrain.data import BatchStream, load_data
-from qtrain.errors import ConfigError
-from qtrain.methods import build_method
-from qtrain.models import build_model
+from qtrain.data import DATASETS, BatchStream, load_data
+from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
+from qtrain.methods import Method, build_method
+from qtrain.models import MODELS, build_model
 from qtrain.optim import build_optimizer, build_scheduler
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
@@ -33,9 +51,6 @@ from qtrain.results import COST, METRICS, PRECISION, RunFiles
 from qtrain.train import Diverged, Progress, Trainer
 
 log = logging.getLogger(__name__)
-
-# Keys that may differ between the attempts of one run without changing its results.
-_RUNTIME_KEYS = ("force", "progress", "device", "fused")
 
 
 def _versions() -> dict[str, str]:
@@ -57,26 +72,15 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _comparable(cfg: DictConfig) -> dict[str, Any]:
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    for key in _RUNTIME_KEYS:
-        plain.pop(key, None)
-    plain["data"].pop("root", None)
-    return plain
-
-
-def _first_difference(a: Any, b: Any, prefix: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            found = _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
-            if found:
-                return found
-        return ""
-    return "" if a == b else f"{prefix[:-1]}: {a!r} in the checkpoint, {b!r} now"
-
-
 def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """The RNG states as tensors and plain values (a checkpoint loads with ``weights_only=True``)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -84,8 +88,10 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -96,24 +102,75 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_initial_weights(model: torch.nn.Module, run_dir: str) -> None:
-    """Start ``model`` from the final weights of the finished run in ``run_dir`` (``train.init_from``)."""
+def check_writable(run_dir: str | Path) -> None:
+    """Raise RunDirError unless ``run_dir`` exists as a writable folder or can be created; leaves nothing behind."""
+    run_dir = Path(run_dir)
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunDirError(f"cannot create the run directory {run_dir}: {existing} is not a directory")
+    try:
+        Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
+    except OSError as err:
+        raise RunDirError(f"cannot write to the run directory {run_dir}: {err.strerror} in {existing}") from None
+
+
+def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:
+    """The final model weights of the finished run in ``run_dir`` (``train.init_from``)."""
     files = RunFiles(run_dir)
-    summary = files.read_summary()
+    summary = files.read_summary() if files.dir.is_dir() else None
     if summary is None or summary.get("status") != "completed":
         raise ConfigError(f"train.init_from={run_dir} is not allowed: it holds no finished run (run the pre-training first)")
-    state = files.load_checkpoint()["model"]
-    ours = model.state_dict()
-    if state.keys() != ours.keys() or any(state[k].shape != ours[k].shape for k in ours):
-        raise ConfigError(f"train.init_from={run_dir} is not allowed: its {summary['model']} weights do not fit this model "
-                          "(pre-train a float32 run of the same model with the same number of classes)")
-    model.load_state_dict(state)
+    checkpoint = files.load_checkpoint()
+    if checkpoint is None:
+        raise ConfigError(f"train.init_from={run_dir} is not allowed: its run has no checkpoint to start from")
+    return checkpoint["model"]
+
+
+@dataclass
+class Preflight:
+    """What the checks before any data is loaded give the run."""
+
+    device: torch.device
+    method: Method
+    initial: dict[str, torch.Tensor] | None  # model weights from train.init_from
+
+
+def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
+    """Every check that needs no data: the run's and the method's values, ``train.init_from``, the directory."""
+    validate(cfg)
+    for name, known, what in ((cfg.data.name, DATASETS, "dataset"), (cfg.model.name, MODELS, "model")):
+        if name not in known:
+            raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(sorted(known))})")
+    device = _device(cfg.device)
+    method = build_method(cfg.method)
+    initial = None if cfg.train.init_from is None else initial_weights(cfg.train.init_from)
+    check_writable(run_dir)
+    return Preflight(device, method, initial)
+
+
+def _earlier_identity(files: RunFiles, summary: dict[str, Any] | None) -> tuple[dict | None, dict | None]:
+    """The identity of the run the directory holds (from its summary, else its checkpoint), and the checkpoint."""
+    checkpoint = None if summary is not None and summary["status"] != "failed" else files.load_checkpoint()
+    if checkpoint is not None:
+        return checkpoint["identity"], checkpoint
+    if summary is not None:
+        return summary.get("identity") or identity(summary["config"]), None
+    return None, None
+
+
+def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> str:
+    difference = "" if earlier is None else first_difference(earlier, ident)
+    return difference and (f"{files.dir} holds another run ({difference}): pass force=true to replace it, "
+                           "or choose another directory with hydra.run.dir=DIR")
 
 
 def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, status: str, device: torch.device,
               diverged: Diverged | None = None) -> dict[str, Any]:
     last = progress.history[-1] if progress.history else {}
     f32 = meter.float32_total()
+    ident = identity(cfg)
     return {
         "status": status,
         "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
@@ -132,31 +189,80 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, status: str
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
         "versions": _versions(),
+        "run_id": digest(ident),
+        "identity": ident,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
 
-def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Train (or resume, or just report) the run that ``cfg`` describes in ``run_dir``; return its summary."""
-    validate(cfg)
-    files = RunFiles(run_dir)
-    if cfg.force:
-        files.clear()
-    finished = files.read_summary()
-    if finished is not None:
-        log.info("%s already holds a finished run (force=true reruns it)", files.dir)
-        return finished
+def record_failure(cfg: DictConfig, run_dir: str | Path, error: str) -> None:
+    """Record a failed sweep job in its directory: a ``failed`` summary with the one-line error and the config.
 
+    Nothing is written where the directory holds another run, a finished one, or is in use or unwritable.
+    """
+    files = RunFiles(run_dir)
+    ident = identity(cfg)
+    try:
+        with files.lock():
+            summary = files.read_summary()
+            if summary is not None and summary["status"] != "failed":
+                return
+            earlier, _ = _earlier_identity(files, summary)
+            if _foreign(files, earlier, ident):
+                return
+            files.write_summary({"status": "failed", "error": error, "method": cfg.method.name, "model": cfg.model.name,
+                                 "data": cfg.data.name, "seed": cfg.seed, "versions": _versions(),
+                                 "run_id": digest(ident), "identity": ident,
+                                 "config": OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)})
+    except QtrainError:
+        return
+
+
+def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Train (or resume, or just report) the run that ``cfg`` describes in ``run_dir``; return its summary.
+
+    ``overrides`` (the command line's) are written to ``.hydra/overrides.yaml`` beside the config.
+    """
+    plan = preflight(cfg, run_dir)
+    files = RunFiles(run_dir)
+    with files.lock():
+        files.remove_stale_temps()
+        if cfg.force:
+            files.clear()
+        summary = files.read_summary()
+        earlier, checkpoint = _earlier_identity(files, summary)
+        mismatch = _foreign(files, earlier, identity(cfg))
+        if mismatch:
+            raise RunDirError(mismatch)
+        if summary is not None and summary["status"] == "completed":
+            log.info("%s already holds a finished run (force=true reruns it)", files.dir)
+            return summary
+        if summary is not None and summary["status"] == "diverged":
+            where = summary["diverged"]
+            raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where['loss']} at epoch "
+                                f"{where['epoch']}, step {where['step']}): force=true starts it over")
+        if checkpoint is not None and checkpoint["device_type"] != plan.device.type:
+            raise RunDirError(f"{files.dir} holds a run trained on {checkpoint['device_type']}, and device={cfg.device} "
+                              f"is {plan.device.type} here: resume it on {checkpoint['device_type']}, or pass force=true")
+        return _train(cfg, files, plan, checkpoint, overrides or [])
+
+
+def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[str, Any] | None,
+           overrides: list[str]) -> dict[str, Any]:
     seed_everything(cfg.seed)
     set_fused(cfg.fused)
-    device = _device(cfg.device)
-    method = build_method(cfg.method)
+    device, method = plan.device, plan.method
     data = load_data(cfg.data)
     train_split, test_split = data.train.to(device), data.test.to(device)
     channels, height, width = data.image_shape
     model = build_model(cfg.model.name, channels, data.num_classes, (height, width)).to(device)
-    if cfg.train.init_from is not None:
-        load_initial_weights(model, cfg.train.init_from)
+    if plan.initial is not None:
+        ours = model.state_dict()
+        if plan.initial.keys() != ours.keys() or any(plan.initial[k].shape != ours[k].shape for k in ours):
+            raise ConfigError(f"train.init_from={cfg.train.init_from} is not allowed: its weights do not fit this model "
+                              f"({cfg.model.name}, {data.num_classes} classes; pre-train a float32 run of the same model "
+                              "with the same number of classes)")
+        model.load_state_dict(plan.initial)
     model = method.prepare(model)
     meter = CostMeter(method.profile(model, train_split.images[:2].float()))
     optimizer = build_optimizer(cfg.optim, model)
@@ -170,12 +276,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     )
     precision_log: list[dict] = []
 
-    checkpoint = files.load_checkpoint()
     if checkpoint is not None:
-        difference = _first_difference(checkpoint["config"], _comparable(cfg))
-        if difference:
-            raise ConfigError(f"{files.dir} holds a run with another config ({difference}); "
-                              "pass force=true to start over or hydra.run.dir=DIR for a new run")
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
@@ -185,8 +286,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         precision_log = checkpoint["precision_log"]
         _set_rng_state(checkpoint["rng"])
         log.info("resuming %s after epoch %d", files.dir, trainer.progress.epoch)
-
+    files.write_config(cfg, overrides)
     layers = gemm_layers(model)
+    ident = identity(cfg)
 
     def end_epoch(progress: Progress) -> None:
         precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers))
@@ -194,9 +296,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         files.write_table(PRECISION, pd.DataFrame(precision_log))
         files.write_table(COST, meter.table())
         files.save_checkpoint({
-            "config": _comparable(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "method": method.state_dict(), "meter": meter.state_dict(),
-            "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
+            "identity": ident, "device_type": device.type, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "method": method.state_dict(),
+            "meter": meter.state_dict(), "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
         })
         row = progress.history[-1]
         log.info("epoch %d/%d  train loss %.4f  acc %.4f | test loss %.4f  acc %.4f | cost %.2f%% of float32 | %.1fs",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -21,10 +22,18 @@ TINY = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=fal
 
 @pytest.fixture(autouse=True)
 def eager_quantizers():
-    """Tests run the eager kernel unless they ask for the fused one (it gives identical results)."""
+    """Tests run the eager kernel unless they ask for the fused one (fast to start; not bit-identical to it)."""
     set_fused(False)
     yield
     set_fused(False)
+
+
+@pytest.fixture(autouse=True)
+def checkpoints_load_safely(tmp_path):
+    """Every checkpoint a test writes under its tmp_path, in-process or by the CLI, loads with weights_only=True."""
+    yield
+    for path in tmp_path.rglob("checkpoint.pt"):
+        torch.load(path, map_location="cpu", weights_only=True)
 
 
 def make_config(*overrides: str) -> DictConfig:

@@ -1,8 +1,9 @@
-"""The ``qtrain`` command as a user runs it: help, one-line errors, the default job, sweeps."""
+"""The ``qtrain`` command as a user runs it: help, one-line errors, the default job, run directories, sweeps."""
 
 import json
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, make_config, run_cli
+from .test_data import _write_mnist
 
 
 def test_help_lists_the_config_groups(tmp_path):
@@ -33,8 +34,24 @@ def test_default_job_on_digits_prints_the_result_table(tmp_path):
     result = run_cli("train.epochs=1", "progress=false", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "test acc %" in result.stdout and "% of float32" in result.stdout and "6.25" in result.stdout
-    summary = json.loads((tmp_path / "outputs" / "sbm-resnet20-digits" / "train.epochs=1" / "summary.json").read_text())
+    assert result.stderr == ""  # nothing the user must act on: no CUDA notice on a CPU-only machine
+    [run_dir] = (tmp_path / "outputs" / "sbm-resnet20-digits").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["config"]["fused"] is True
+    assert run_dir.name == f"train.epochs=1,id={summary['run_id']}"
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == "- train.epochs=1\n- progress=false\n"
+
+
+def test_rerun_with_another_config_in_the_same_directory_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_cli(*TINY, "train.epochs=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    second = run_cli(*TINY, "train.epochs=1", "seed=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert second.returncode == 2 and second.stdout == ""
+    assert second.stderr.splitlines() == [f"qtrain: error: {run_dir} holds another run (seed 0 → 1): pass force=true to "
+                                          "replace it, or choose another directory with hydra.run.dir=DIR"]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/config.yaml included
 
 
 def test_multirun_sweep_skips_finished_jobs(tmp_path):
@@ -47,3 +64,38 @@ def test_multirun_sweep_skips_finished_jobs(tmp_path):
     second = run_cli(*args, cwd=tmp_path)
     assert second.returncode == 0 and "already holds a finished run" in second.stdout + second.stderr
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
+
+
+def test_a_sweep_over_data_roots_keeps_each_dataset_in_its_own_directory(tmp_path):
+    for name in ("a", "b"):
+        _write_mnist(tmp_path / name, n=8)
+    result = run_cli("-m", *TINY, "data=mnist", f"data.root={tmp_path / 'a'},{tmp_path / 'b'}", "train.epochs=1",
+                     "method=float32", "train.eval_batch_size=8", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    roots = sorted(json.loads(p.read_text())["config"]["data"]["root"] for p in (tmp_path / "multirun").rglob("summary.json"))
+    assert roots == [str(tmp_path / "a"), str(tmp_path / "b")]
+
+
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    pre = tmp_path / "pre"  # the pre-training that the second job starts from does not exist yet
+    args = ["-m", f"train.init_from=null,'{pre}'", *TINY, "train.epochs=1", "method=float32"]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 1
+    lines = first.stdout.splitlines()
+    start = lines.index(next(line for line in lines if line.split()[:2] == ["job", "status"]))
+    assert lines[start].split() == ["job", "status", "epochs", "test", "acc", "%", "%", "of", "float32", "directory"]
+    assert [line.split()[:2] for line in lines[start + 1:]] == [["0", "completed"], ["1", "failed"]]
+    error = f"train.init_from={pre} is not allowed: it holds no finished run (run the pre-training first)"
+    assert first.stderr.splitlines()[-1] == f"qtrain: error: job 1 failed: {error}"
+    summaries = {json.loads(p.read_text())["status"]: p for p in (tmp_path / "multirun").rglob("summary.json")}
+    assert set(summaries) == {"completed", "failed"}
+    failed = json.loads(summaries["failed"].read_text())
+    assert failed["error"] == error and failed["config"]["train"]["init_from"] == str(pre)
+    stamp = summaries["completed"].stat().st_mtime_ns
+
+    from qtrain.run import run
+    run(make_config(*TINY, "train.epochs=1", "method=float32"), pre)
+    second = run_cli(*args, cwd=tmp_path)  # redoes the failed job only
+    assert second.returncode == 0, second.stderr
+    assert summaries["completed"].stat().st_mtime_ns == stamp
+    assert json.loads(summaries["failed"].read_text())["status"] == "completed"

@@ -1,12 +1,19 @@
-"""Runs end to end in-process: results files, reproducibility, resume after a kill, divergence, bad config."""
+"""Runs end to end in-process: results files, reproducibility, resume after a kill, divergence, bad config,
+run identity, the run directory's lock and checkpoints that load as plain tensors."""
 
 import json
+import os
+import signal
+import stat
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import torch
 
-from qtrain.errors import ConfigError, DivergedError
+from qtrain.config import digest, identity
+from qtrain.errors import ConfigError, DivergedError, RunDirError
 from qtrain.run import run
 from qtrain.train import Trainer
 
@@ -20,9 +27,16 @@ def _metrics(run_dir):
 
 
 def test_sbm_run_writes_every_result_file(tmp_path):
-    summary = run(make_config(*TINY), tmp_path)
-    for name in ("metrics.csv", "precision.csv", "cost.csv", "summary.json", "checkpoint.pt"):
-        assert (tmp_path / name).is_file()
+    umask = os.umask(0o027)
+    try:
+        summary = run(make_config(*TINY), tmp_path)
+    finally:
+        os.umask(umask)
+    for name in ("metrics.csv", "precision.csv", "cost.csv", "summary.json", "checkpoint.pt",
+                 ".hydra/config.yaml", ".hydra/overrides.yaml"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640, name  # the umask's mode, not mkstemp's 0600
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".hydra", "checkpoint.pt", "cost.csv", "metrics.csv", "precision.csv", "summary.json"]  # no lock, no temp file
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs_completed"] == 2
     assert summary["cost"]["percent_of_float32"] == pytest.approx(6.25)
@@ -74,8 +88,12 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
         run(make_config(*overrides), tmp_path / "resumed")
     assert len(pd.read_csv(tmp_path / "resumed" / "metrics.csv")) == 1
     assert not (tmp_path / "resumed" / "summary.json").exists()
+    # what a kill -9 in the middle of writes leaves: temporary files, and the lock file of a dead process
+    for stale in (".metrics.csv.k1ll3d.tmp", ".checkpoint.pt.k1ll3d.tmp", ".hydra/.config.yaml.k1ll3d.tmp", ".qtrain.lock"):
+        (tmp_path / "resumed" / stale).write_text("half")
     monkeypatch.setattr(Trainer, "train_epoch", original)
     run(make_config(*overrides), tmp_path / "resumed")
+    assert not [p for p in (tmp_path / "resumed").rglob(".*") if p.name != ".hydra"]
     pd.testing.assert_frame_equal(_metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed"))
     for name in ("precision.csv", "cost.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(tmp_path / "resumed" / name))
@@ -96,16 +114,89 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_earlier_results(tmp_path, m
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["diverged"]["epoch"] == 2 and summary["diverged"]["step"] == 4
     assert len(pd.read_csv(tmp_path / "metrics.csv")) == 1
+    # rerunning reports the divergence again instead of passing for a finished run; force=true starts over
+    monkeypatch.setattr(Trainer, "train_epoch", original)
+    with pytest.raises(DivergedError, match=r"holds a run that diverged \(the loss became nan at epoch 2, step 4\)"):
+        run(make_config(*TINY), tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert run(make_config(*TINY, "force=true"), tmp_path)["status"] == "completed"
 
 
-def test_finished_run_is_reported_not_rerun_unless_forced(tmp_path):
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_finished_run_is_reused_only_for_the_same_identity(tmp_path):
     first = run(make_config(*TINY), tmp_path)
-    assert run(make_config(*TINY), tmp_path) == first
-    with pytest.raises(ConfigError, match="another config"):
-        (tmp_path / "summary.json").unlink()
+    assert first["run_id"] == digest(identity(make_config(*TINY)))
+    # force and progress cannot change results: the same run
+    assert run(make_config(*TINY, "progress=true"), tmp_path) == first
+    before = _snapshot(tmp_path)
+    for override, difference in [
+        ("seed=1", "seed 0 → 1"),
+        ("method=float32", "method.name 'sbm' → 'float32'"),
+        ("train.epochs=3", "train.epochs 2 → 3"),
+        ("fused=true", "fused False → True"),  # compiled kernels reorder float sums: another run
+        ("data.n_train=128", "data.n_train 256 → 128"),
+    ]:
+        with pytest.raises(RunDirError) as err:
+            run(make_config(*TINY, override), tmp_path)
+        assert str(err.value) == (f"{tmp_path} holds another run ({difference}): pass force=true to replace it, "
+                                  "or choose another directory with hydra.run.dir=DIR")
+        assert _snapshot(tmp_path) == before  # the directory is left as it was
+    # a partial run (checkpoint, no summary) is guarded the same way
+    (tmp_path / "summary.json").unlink()
+    with pytest.raises(RunDirError, match=r"holds another run \(optim.lr 0.1 → 0.05\)"):
         run(make_config(*TINY, "optim.lr=0.05"), tmp_path)
     forced = run(make_config(*TINY, "optim.lr=0.05", "force=true"), tmp_path)
     assert forced["config"]["optim"]["lr"] == 0.05
+
+
+def test_identity_leaves_out_only_force_and_progress(tmp_path):
+    base = identity(make_config(*TINY))
+    assert "force" not in base and "progress" not in base
+    assert identity(make_config(*TINY, "force=true", "progress=true")) == base
+    variants = ["device=cpu", "fused=true", "seed=1", "data.seed=1", f"train.init_from={tmp_path}", "optim.lr=0.05"]
+    assert len({digest(base), *(digest(identity(make_config(*TINY, v))) for v in variants)}) == len(variants) + 1
+    # two data roots are two runs, and a relative root is the absolute folder it names
+    a = identity(make_config("data=cifar10", "data.root=/data/a"))
+    assert a["data"]["root"] == "/data/a" and digest(a) != digest(identity(make_config("data=cifar10", "data.root=/data/b")))
+    assert identity(make_config("data=cifar10", "data.root=rel"))["data"]["root"] == os.path.abspath("rel")
+
+
+_HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from qtrain.results import RunLock
+lock = RunLock(Path(sys.argv[1]))
+lock.acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_process_cannot_train_into_a_locked_directory(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirError) as err:
+            run(make_config(*TINY), tmp_path)
+        assert f"{tmp_path} is in use by another qtrain run (pid {holder.pid} on " in str(err.value)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".qtrain.lock"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # the kernel released the killed holder's lock: the run goes ahead, and removes the lock file when done
+    assert run(make_config(*TINY, "train.epochs=1"), tmp_path)["status"] == "completed"
+    assert not (tmp_path / ".qtrain.lock").exists()
+
+
+@pytest.mark.parametrize("method", ["float32", "sbm", "pfq", "dfq", "fractrain"])
+def test_checkpoints_hold_plain_tensors_and_values_only(tmp_path, method):
+    run(make_config(*TINY, f"method={method}", "train.epochs=1"), tmp_path)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # no pickled objects: nothing can run on load
+    assert state["identity"]["method"]["name"] == method and state["device_type"] == "cpu"
+    assert set(state["rng"]) >= {"torch", "python", "numpy"}
 
 
 @pytest.mark.parametrize("override,message", [
@@ -116,12 +207,21 @@ def test_finished_run_is_reported_not_rerun_unless_forced(tmp_path):
     ("model.name=vgg", "unknown model 'vgg'"),
     ("method.act_range=median", "method.act_range='median' is not allowed"),
     ("optim.lr=0", "optim.lr=0 is not allowed"),
+    ("optim.lr=nan", "optim.lr=nan is not allowed: it must be a finite number > 0"),
+    ("optim.weight_decay=inf", "optim.weight_decay=inf is not allowed: it must be a finite number >= 0"),
+    ("train.epochs=0", "train.epochs=0 is not allowed: it must be an integer >= 1"),
+    ("data.n_train=0", "data.n_train=0 is not allowed: it must be an integer >= 1"),
+    ("sched.min_lr=-1", "sched.min_lr=-1 is not allowed: it must be a finite number >= 0"),
 ])
-def test_bad_values_are_one_line_config_errors(tmp_path, override, message):
+def test_bad_values_are_one_line_config_errors(tmp_path, monkeypatch, override, message):
+    def no_data(cfg):
+        raise AssertionError("data loaded before the config was checked")
+
+    monkeypatch.setattr("qtrain.run.load_data", no_data)
     with pytest.raises(ConfigError) as err:
-        run(make_config(*TINY, override), tmp_path)
+        run(make_config(*TINY, override), tmp_path / "run")
     assert message in str(err.value) and "\n" not in str(err.value)
-    assert not (tmp_path / "metrics.csv").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_too_small_input_is_named(tmp_path):
@@ -138,6 +238,25 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
     assert whole["steps"] == accumulated["steps"] == 4
     for key in ("train_loss", "test_loss"):
         assert accumulated["final"][key] == pytest.approx(whole["final"][key], rel=1e-4)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_init_from_needs_a_finished_run_with_a_safe_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "summary.json").write_text(json.dumps({"status": "completed"}))
+    with pytest.raises(ConfigError, match="its run has no checkpoint"):  # e.g. a run of zero epochs
+        run(make_config(*TINY, f"train.init_from={foreign}"), tmp_path / "x")
+    torch.save({"model": _RunsCode()}, foreign / "checkpoint.pt")
+    with pytest.raises(RunDirError, match="cannot be read as a qtrain checkpoint of plain tensors"):
+        run(make_config(*TINY, f"train.init_from={foreign}"), tmp_path / "x")
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "x").exists()
+    (foreign / "checkpoint.pt").unlink()  # not a qtrain checkpoint: keep the suite's check of all checkpoints green
 
 
 def test_a_run_can_start_from_a_finished_float32_run(tmp_path):

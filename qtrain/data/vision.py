@@ -13,9 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.datasets import CIFAR10, CIFAR100
-from torchvision.datasets.mnist import read_image_file, read_label_file
-from torchvision.datasets.utils import check_integrity
 
 from qtrain.data.batches import ImageData, ImageSplit, channel_stats
 from qtrain.errors import DataError
@@ -42,6 +39,8 @@ def _existing(path: Path, what: str) -> Path:
 
 
 def _check_md5(path: Path, md5: str, what: str) -> None:
+    from torchvision.datasets.utils import check_integrity  # torchvision takes seconds to import: only with real data
+
     if not check_integrity(str(path), md5):
         log.warning("%s file %s differs from the official release (MD5 %s expected); loading it anyway", what, path, md5)
 
@@ -92,6 +91,8 @@ def _read_cifar_batch(path: Path, label_key: bytes, what: str) -> ImageSplit:
 
 def load_cifar(root: str | Path, num_classes: int) -> ImageData:
     """CIFAR-10 (``cifar-10-batches-py/``) or CIFAR-100 (``cifar-100-python/``) under ``root``."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+
     if num_classes == 10:
         spec, label_key, stats = CIFAR10, b"labels", CIFAR10_STATS
     else:
@@ -116,6 +117,8 @@ def load_cifar(root: str | Path, num_classes: int) -> ImageData:
 
 def load_mnist(root: str | Path) -> ImageData:
     """MNIST from the four idx files in ``root/MNIST/raw`` (the layout torchvision writes)."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
     folder = Path(root).expanduser() / "MNIST" / "raw"
 
     def read(prefix: str) -> ImageSplit:
@@ -126,7 +129,8 @@ def load_mnist(root: str | Path) -> ImageData:
             try:
                 tensors.append(reader(str(path)))
             except Exception as err:  # noqa: BLE001 - torchvision raises assorted errors on bad idx files
-                raise DataError(f"corrupt MNIST file {path}: {type(err).__name__}: {err}") from None
+                reason = f"{type(err).__name__}: {err}" if str(err) else "its idx header or size is not that of an MNIST file"
+                raise DataError(f"corrupt MNIST file {path}: {reason}") from None
         images, labels = tensors
         if images.ndim != 3 or len(images) != len(labels):
             raise DataError(f"corrupt MNIST files under {folder}: {tuple(images.shape)} images, {len(labels)} labels")

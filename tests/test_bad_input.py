@@ -1,0 +1,104 @@
+"""Every bad input, driven through the ``qtrain`` command: one line ``qtrain: error: ...``, exit code 2,
+no traceback, nothing trained, and no file or folder created or changed."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from .conftest import TINY, run_cli
+from .test_data import _write_mnist
+
+
+def _tree(folder):
+    """Every path under ``folder``, and each file's size and modification time."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+def _no_epochs(tmp_path):
+    run = tmp_path / "empty_run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "epochs_completed": 0}))
+
+
+def _a_file(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+
+
+def _corrupt_mnist(tmp_path):
+    raw = _write_mnist(tmp_path / "mnist")
+    (raw / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x07" + bytes(16))  # 7 dimensions: not an idx file
+
+
+CASES = {
+    # the command line, checked before Hydra composes anything
+    "misspelt key": (["train.epoch=3"], None, "unknown key train.epoch (did you mean train.epochs?)"),
+    "added key": (["+train.epoch=3"], None, "+train.epoch=3 is not allowed: nothing reads train.epoch "
+                                            "(did you mean train.epochs?)"),
+    "added existing key": (["+seed=3"], None, "+seed=3 is not allowed: seed is set already (drop the +)"),
+    "deleted key": (["~train.init_from"], None, "~train.init_from is not allowed: qtrain reads every key of its "
+                                                "config (set train.init_from instead)"),
+    "nested misspelt key": (["method.grad_bit=4"], None, "unknown key method.grad_bit (did you mean method.grad_bits?)"),
+    "number as text": (["optim.lr=abc"], None, "optim.lr='abc' is not allowed: it must be a number"),
+    "float for an integer": (["train.epochs=2.5"], None, "train.epochs=2.5 is not allowed: it must be an integer"),
+    "sweep without -m": (["seed=0,1"], None, "seed=0,1 is a sweep: add -m (--multirun) to run one job per value"),
+    "unknown choice": (["optim=lbfgs"], None, "unknown optim 'lbfgs' (choose from: adam, sgd)"),
+    # the composed config, checked before the run directory is made and before any data is loaded
+    "nan learning rate": (["optim.lr=nan"], None, "optim.lr=nan is not allowed: it must be a finite number > 0"),
+    "infinite learning rate": (["optim.lr=inf"], None, "optim.lr=inf is not allowed: it must be a finite number > 0"),
+    "no epochs": (["train.epochs=0"], None, "train.epochs=0 is not allowed: it must be an integer >= 1"),
+    "no training data": (["data.n_train=0"], None, "data.n_train=0 is not allowed: it must be an integer >= 1"),
+    "no data root": (["data=cifar10"], None, "data.root is not set: pass data.root=DIR, the folder that holds the "
+                                             "cifar10 files"),
+    "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
+                      "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
+    "dfq without blocks": (["method=dfq", "model=alexnet"], None,
+                           "method dfq needs a model with residual blocks to gate; this model config has no dfq_options "
+                           "(choose a ResNet or MobileNetV2)"),
+    "init from a run of no epochs": (["train.init_from={tmp}/empty_run"], _no_epochs,
+                                     "train.init_from={tmp}/empty_run is not allowed: its run has no checkpoint to "
+                                     "start from"),
+    "run directory under a file": (["hydra.run.dir={tmp}/a_file/run"], _a_file,
+                                   "cannot create the run directory {tmp}/a_file/run: {tmp}/a_file is not a directory"),
+    # found while loading the data: the run directory made for it is removed again
+    "corrupt MNIST": (["data=mnist", "data.root={tmp}/mnist"], _corrupt_mnist,
+                      "corrupt MNIST file {tmp}/mnist/MNIST/raw/train-images-idx3-ubyte: its idx header or size is "
+                      "not that of an MNIST file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_before_any_work(tmp_path, case):
+    args, setup, message = CASES[case]
+    if setup is not None:
+        setup(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    before = _tree(tmp_path)
+    result = run_cli(*TINY, *(a.replace("{tmp}", str(tmp_path)) for a in args), cwd=work)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"qtrain: error: {message.replace('{tmp}', str(tmp_path))}"]
+    assert "epoch 1" not in result.stdout
+    assert _tree(tmp_path) == before
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here")
+    yield folder
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("where", ["immutable", "immutable/run"])
+def test_unwritable_run_directory_is_one_line(tmp_path, immutable, where):
+    before = _tree(tmp_path)
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path / where}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"qtrain: error: cannot write to the run directory {tmp_path / where}: Operation not permitted in {immutable}"]
+    assert _tree(tmp_path) == before
