@@ -1,9 +1,11 @@
 """The hashed uniform source and the grid kernel: distribution, reproducibility, fused == eager."""
 
+import math
+
 import pytest
 import torch
 
-from qtrain.quant import rounding
+from qtrain.quant import formats, rounding
 from qtrain.quant.rounding import hashed_uniform, round_to_grid
 
 N = 1 << 20
@@ -83,3 +85,131 @@ def test_compiler_failure_falls_back_to_the_same_eager_result(monkeypatch):
         got = kernel(*args, stochastic=True)
     assert torch.equal(got, expected)
     assert not rounding._FUSED["enabled"]
+
+
+# --- the 64-bit index path of the hashed uniform -------------------------------------------------
+
+def _key(seed: int = 11) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return rounding.draw_key(torch.device("cpu"))
+
+
+def test_uniform_at_int64_equals_int32_below_two_to_the_31():
+    key = _key()
+    low = torch.cat([torch.arange(0, 1 << 16), torch.arange((1 << 31) - (1 << 16), 1 << 31)])
+    by32 = rounding.uniform_at(low.to(torch.int32), key)
+    by64 = rounding.uniform_at(low.to(torch.int64), key)
+    assert torch.equal(by32, by64)
+    assert torch.equal(by32[: 1 << 10], hashed_uniform(torch.Size([1 << 10]), key, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("base", [1 << 31, 1 << 32, 1 << 40, (1 << 62) + 12345])
+def test_uniform_at_large_indices_is_uniform(base):
+    u = rounding.uniform_at(torch.arange(base, base + N, dtype=torch.int64), _key()).double()
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 2e-3 and abs(u.var().item() - 1 / 12) < 2e-3
+    counts = torch.histc(u, bins=64, min=0, max=1)
+    assert (((counts - N / 64) ** 2) / (N / 64)).sum().item() < 120
+
+
+@pytest.mark.parametrize("offset", [1 << 32, 1 << 33, 1 << 40])
+def test_indices_two_to_the_32_apart_are_uncorrelated(offset):
+    key = _key()
+    index = torch.arange(N, dtype=torch.int64) + (1 << 20)
+    a = rounding.uniform_at(index, key).double() - 0.5
+    b = rounding.uniform_at(index + offset, key).double() - 0.5
+    assert abs((a * b).mean().item() / a.var().item()) < 5e-3  # standard error ~ 1e-3
+    assert (a == b).double().mean().item() < 1e-3  # not the same stream (equal by chance: 2^-24)
+
+
+def test_tensors_of_two_to_the_31_elements_take_the_64_bit_path(monkeypatch):
+    seen = []
+    real = rounding.uniform_at
+
+    def spy(index, key):
+        seen.append(index.dtype)
+        return real(index, key)
+
+    key = _key()
+    small = hashed_uniform(torch.Size([40, 25]), key, torch.device("cpu"))
+    monkeypatch.setattr(rounding, "uniform_at", spy)
+    monkeypatch.setattr(rounding, "INT32_INDEX_LIMIT", 1000)  # pretend 1000 elements is 2^31
+    assert torch.equal(hashed_uniform(torch.Size([40, 25]), key, torch.device("cpu")), small)
+    hashed_uniform(torch.Size([999]), key, torch.device("cpu"))
+    assert seen == [torch.int64, torch.int32]
+    monkeypatch.undo()
+    assert rounding.INT32_INDEX_LIMIT == 1 << 31
+
+
+# --- stochastic rounding from the fractional part, in every format that rounds stochastically -----
+
+def _fixed(wl: int, fl: int):
+    return lambda x: formats.fixed_point(x, wl, fl, "stochastic")
+
+
+def _block24(x: torch.Tensor) -> torch.Tensor:
+    """Block floating point, 24-bit mantissas; an anchor of 2^22 in the block makes the step 1."""
+    anchored = torch.cat([x, torch.tensor([2.0**22])])
+    return formats.block_floating_point(anchored, 24, "stochastic")[:-1]
+
+
+def _float(exp: int, man: int):
+    return lambda x: formats.floating_point(x, exp, man, "stochastic")
+
+
+def _range16(x: torch.Tensor) -> torch.Tensor:
+    """Range-linear over [0, 65535] at 16 bits: step 1, codes equal to the values."""
+    return formats.range_linear(x, 16, torch.zeros(1, 1), torch.full((1, 1), 65535.0), "stochastic")
+
+
+ON_GRID = {
+    # (quantizer, values on its grid where t = x / step is large)
+    "fixed<24,0>": (_fixed(24, 0), torch.arange(-(1 << 22) - 4096, -(1 << 22) + 4096) * 1.0),
+    "fixed<16,10>": (_fixed(16, 10), (torch.arange(20000 - 4096, 20000 + 4096) * 1.0) / 1024),
+    "block24": (_block24, torch.arange((1 << 22) - 8192, (1 << 22)) * 1.0),
+    "float<8,23>": (_float(8, 23), torch.randn(8192) * 1e3),
+    "float<8,20>": (_float(8, 20), torch.ldexp(torch.randint(1 << 20, 1 << 21, (8192,)) * 1.0, torch.randint(-60, 40, (8192,)))),
+    "range16": (_range16, torch.arange(65535 - 8192, 65536) * 1.0),
+}
+
+
+@pytest.mark.parametrize("name", ON_GRID)
+def test_stochastic_rounding_never_moves_values_on_the_grid(name):
+    quantize, x = ON_GRID[name]
+    torch.manual_seed(0)
+    many = x.repeat(256)
+    assert torch.equal(quantize(many), many)
+
+
+CASES = [
+    # (name, quantizer, x, lower grid point, upper grid point, P(up) = fraction of a step above lower)
+    ("fixed<24,0>", _fixed(24, 0), 2.0**20 + 0.25, 2.0**20, 2.0**20 + 1, 0.25),
+    ("fixed<24,0>-", _fixed(24, 0), -(2.0**20 + 0.25), -(2.0**20) - 1, -(2.0**20), 0.75),
+    ("fixed<16,10>", _fixed(16, 10), (4 + 2.0**-20) / 1024, 4 / 1024, 5 / 1024, 2.0**-20),
+    ("fixed<16,10>hi", _fixed(16, 10), (5 - 2.0**-20) / 1024, 4 / 1024, 5 / 1024, 1 - 2.0**-20),
+    ("block24", _block24, 2.0**20 + 0.25, 2.0**20, 2.0**20 + 1, 0.25),
+    ("block24-tiny", _block24, 4 + 2.0**-20, 4.0, 5.0, 2.0**-20),
+    ("float<8,20>", _float(8, 20), 2.0**20 + 0.25, 2.0**20, 2.0**20 + 1, 0.25),
+    ("float<8,3>", _float(8, 3), 8 + 2.0**-20, 8.0, 9.0, 2.0**-20),
+    ("float<8,3>hi", _float(8, 3), 9 - 2.0**-20, 8.0, 9.0, 1 - 2.0**-20),
+    ("range16", _range16, 2.0**15 + 0.25, 2.0**15, 2.0**15 + 1, 0.25),
+    ("range16-tiny", _range16, 4 + 2.0**-20, 4.0, 5.0, 2.0**-20),
+]
+
+
+@pytest.mark.parametrize("name,quantize,x,lower,upper,p", CASES, ids=[c[0] for c in CASES])
+def test_probability_of_rounding_up_is_the_fraction(name, quantize, x, lower, upper, p):
+    n = 1 << 22
+    torch.manual_seed(1)
+    out = quantize(torch.full((n,), x))
+    assert torch.all((out == lower) | (out == upper))
+    p_up = (out == upper).double().mean().item()
+    assert abs(p_up - p) <= 5 * math.sqrt(p * (1 - p) / n) + 2.0**-24
+
+
+def test_fused_64_bit_index_path_matches_eager():
+    index = torch.arange(N, dtype=torch.int64) + (1 << 40) - (1 << 19)
+    key = _key()
+    eager = rounding.uniform_at(index, key)
+    rounding.set_fused(True)
+    assert torch.equal(rounding.fused(rounding.uniform_at)(index, key), eager)

@@ -6,9 +6,16 @@ This module holds that rounding (:func:`grid_codes`) and :func:`fused`, which ru
 computation as one torch.compile kernel (one pass over memory instead of several), eager where
 compilation is unavailable.
 
-Stochastic rounding is ``floor(t + u)`` with ``u ~ U[0, 1)`` (METHODS.md, "Common ground"). Drawing
-``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes from a
-counter-based hash instead: a 32-bit integer mixer (``lowbias32``) of the element index XOR a key.
+Stochastic rounding rounds ``t`` up with probability equal to its fractional part (METHODS.md, "Common
+ground"): ``f = floor(t)``, ``frac = t - f`` (exact in floating point), code ``f + (u < frac)`` with
+``u`` uniform on the 2^24 multiples of 2^-24 in [0, 1). A value on the grid (``frac = 0``) never
+moves and P(up) is ``frac`` to within 2^-24 at any magnitude of ``t``; the textbook ``floor(t + u)``
+rounds the sum before the floor once ``t`` is large, which moves values on the grid and biases P(up).
+
+Drawing ``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes
+from a counter-based hash instead (:func:`uniform_at`): a 32-bit integer mixer (``lowbias32``) of the
+element index XOR a key. Tensors of 2^31 elements or more index with int64 and fold the high 32 bits
+of the index into the key through the same mixer, so their first 2^31 draws equal the int32 path's.
 The key is drawn from torch's default generator at every call, so runs stay reproducible under
 ``torch.manual_seed`` and resume from a saved RNG state. The eager and the compiled path run the
 same integer arithmetic and give bit-identical results.
@@ -26,6 +33,7 @@ import torch
 
 _M2 = 0x846CA68B - (1 << 32)  # the second lowbias32 multiplier as a signed 32-bit value
 _FUSED = {"enabled": True}
+INT32_INDEX_LIMIT = 1 << 31  # tensors with fewer elements index their draws with int32
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -41,11 +49,32 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ ((h >> 16) & 0xFFFF)
 
 
-def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Uniform floats in [0, 1) with 24 random bits each: the hash of each element's index and ``key``."""
-    index = torch.arange(shape.numel(), device=device, dtype=torch.int32).reshape(shape)
+def uniform_at(index: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Uniform floats in [0, 1) with 24 random bits each: the hash of each (int32 or int64) index and ``key``.
+
+    An int64 index splits into its low and high 32 bits; the high bits enter through the key,
+    ``key ^ mix(high)``, and ``mix(0) = 0``, so any index below 2^31 draws the same value on both paths.
+    """
+    if index.dtype == torch.int64:
+        key = key ^ _mix32((index >> 32).to(torch.int32))
+        index = (((index & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000).to(torch.int32)  # low 32 bits, two's complement
     h = _mix32(index ^ key)
     return ((h >> 8) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """:func:`uniform_at` of every element's flat index: int32 indices below 2^31 elements, int64 above."""
+    numel = shape.numel()
+    dtype = torch.int32 if numel < INT32_INDEX_LIMIT else torch.int64
+    return uniform_at(torch.arange(numel, device=device, dtype=dtype).reshape(shape), key)
+
+
+def round_codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
+    """``t`` rounded to integers (as floats): half to even, or up with probability ``t - floor(t)``."""
+    if not stochastic:
+        return torch.round(t)
+    low = torch.floor(t)
+    return low + (hashed_uniform(t.shape, key, t.device) < t - low).to(t.dtype)
 
 
 def draw_key(device: torch.device) -> torch.Tensor:
@@ -63,12 +92,7 @@ def grid_codes(
     stochastic: bool,
 ) -> torch.Tensor:
     """The integer codes ``clamp(round(x*scale - zero), *bounds)`` (as floats), for use inside fused functions."""
-    t = x * scale - zero
-    if stochastic:
-        t = torch.floor(t + hashed_uniform(t.shape, key, t.device))
-    else:
-        t = torch.round(t)
-    return torch.clamp(t, bounds[0], bounds[1])
+    return torch.clamp(round_codes(x * scale - zero, key, stochastic=stochastic), bounds[0], bounds[1])
 
 
 def set_fused(enabled: bool) -> None:
