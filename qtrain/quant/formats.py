@@ -6,19 +6,22 @@
 - block floating point: one power-of-two exponent per block (the whole tensor or k x k tiles of two
   dimensions), WL-bit signed mantissas, QPyTorch's grid (step 2^(E+2-WL) for block maximum in
   [2^E, 2^(E+1)), magnitudes up to 2^(E+1) - step);
-- float <exp, man>: QPyTorch's emulation (exponent range [2 - 2^(exp-1), 2^(exp-1)], no codes
-  reserved for inf/NaN, subnormals share the smallest exponent, overflow clamps to the largest value).
+- float <exp, man>: the IEEE 754 grid (bias 2^(exp-1) - 1, top exponent reserved for inf/NaN,
+  subnormals, overflow to ±inf or, with ``saturate``, to ±largest finite); <5,10> and <8,7> equal
+  torch's float16 and bfloat16 casts bit for bit.
 
-Each takes ``rounding`` = "nearest" (round half to even) or "stochastic" (``floor(t + u)``).
+Each takes ``rounding`` = "nearest" (round half to even) or "stochastic" (up with probability equal
+to the fractional part, :func:`qtrain.quant.rounding.round_codes`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 
-from qtrain.quant.rounding import fused, grid_codes, key_for, round_to_grid
+from qtrain.quant.rounding import fused, grid_codes, key_for, round_codes, round_to_grid, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -211,11 +214,35 @@ def block_floating_point(
     return _from_tiles(out, block, dims, layout)
 
 
-def floating_point(x: torch.Tensor, exp: int, man: int, rounding: Rounding = "nearest") -> torch.Tensor:
-    """Emulate a float with ``exp`` exponent and ``man`` mantissa bits inside float32."""
-    e_max, e_min = 2 ** (exp - 1), 2 - 2 ** (exp - 1)
-    largest = min(2.0**e_max * (2 - 2.0**-man), torch.finfo(x.dtype).max)
-    exponent = (torch.frexp(x).exponent - 1).clamp_min(e_min)
-    scale = torch.exp2((man - exponent).to(x.dtype)).reshape(-1, 1)
-    out = round_to_grid(x.reshape(-1, 1), scale, torch.zeros_like(scale), -float("inf"), float("inf"), _stochastic(rounding))
-    return out.view_as(x).clamp(-largest, largest)
+@fused
+def _floating_point(x: torch.Tensor, key: torch.Tensor, *, exp: int, man: int, stochastic: bool,
+                    saturate: bool) -> torch.Tensor:
+    bias = 2 ** (exp - 1) - 1
+    largest = 2.0**bias * (2 - 2.0**-man)
+    # floor(log2|x|) from the exponent bits; float32 subnormals (bits 0 -> -127) lie below every
+    # format's smallest normal exponent, where the step stays fixed
+    e = (((x.view(torch.int32) >> 23) & 0xFF) - 127).clamp(1 - bias, bias)
+    codes = round_codes(scale_pow2(x, man - e), key, stochastic=stochastic)
+    out = torch.copysign(scale_pow2(codes, e - man), x)  # a negative value rounded to zero is -0
+    overflow = out.abs() > largest
+    if saturate:
+        return torch.where(overflow & (x.abs() != math.inf), torch.where(x < 0, -largest, largest), out)
+    return torch.where(overflow, torch.where(x < 0, -math.inf, math.inf), out)
+
+
+def floating_point(
+    x: torch.Tensor, exp: int, man: int, rounding: Rounding = "nearest", saturate: bool = False
+) -> torch.Tensor:
+    """Round float32 ``x`` to IEEE 754 binary floating point with ``exp`` exponent and ``man`` mantissa bits.
+
+    The IEEE grid: bias ``2^(exp-1) - 1``, exponents ``1 - bias .. bias`` (the top code is reserved for
+    inf/NaN), gradual underflow (subnormals below ``2^(1 - bias)`` with step ``2^(1 - bias - man)``),
+    largest finite ``2^bias * (2 - 2^-man)``. Results beyond it overflow to ±inf, or with ``saturate``
+    clamp to ±largest finite (FP8 recipes); ±inf and NaN inputs come back unchanged in every mode.
+    With nearest rounding <5,10> equals ``x.half().float()`` and <8,7> ``x.bfloat16().float()`` bit
+    for bit. ``exp`` in 2..8, ``man`` in 1..23 (<8,23> is float32 itself).
+    """
+    if not (2 <= exp <= 8 and 1 <= man <= 23):
+        raise ValueError(f"float <{exp},{man}> is outside exp 2..8, man 1..23")
+    stochastic = _stochastic(rounding)
+    return _floating_point(x, key_for(stochastic, x.device), exp=exp, man=man, stochastic=stochastic, saturate=saturate)

@@ -95,6 +95,21 @@ def grid_codes(
     return torch.clamp(round_codes(x * scale - zero, key, stochastic=stochastic), bounds[0], bounds[1])
 
 
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float32 for int32 ``k`` in [-126, 127], built from its exponent bits (exact on every device)."""
+    return ((k + 127) << 23).view(torch.float32)
+
+
+def scale_pow2(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``x * 2^k`` for int32 ``k`` in [-252, 252], exact wherever the result is: two power-of-two steps.
+
+    The halves lie between ``x`` and the result, so no intermediate overflows where the result does
+    not, nor falls into the subnormals where the result is normal; no float64 is needed.
+    """
+    half = k >> 1
+    return x * pow2(half) * pow2(k - half)
+
+
 def set_fused(enabled: bool) -> None:
     """Use torch.compile-fused kernels (default) or eager ones; both give identical results."""
     _FUSED["enabled"] = enabled
