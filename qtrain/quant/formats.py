@@ -3,9 +3,10 @@
 - fixed point <WL, FL>: step 2^-FL, range [-2^(WL-FL-1), 2^(WL-FL-1) - 2^-FL] (QPyTorch's grid);
 - range-linear (SBM, Banner et al. 2018): 2^b levels from lo to hi, zero point at lo, with lo/hi
   per tensor, per output channel or the mean of per-sample ranges (:func:`tensor_range`);
-- block floating point: one power-of-two exponent per block (the whole tensor or k x k tiles of two
-  dimensions), WL-bit signed mantissas, QPyTorch's grid (step 2^(E+2-WL) for block maximum in
-  [2^E, 2^(E+1)), magnitudes up to 2^(E+1) - step);
+- block floating point: one power-of-two exponent per block (the whole tensor, k x k tiles of two
+  dimensions, or each index of one dimension), WL-bit signed mantissas, QPyTorch's grid (step
+  2^(E+2-WL) for largest finite magnitude in [2^E, 2^(E+1)), magnitudes up to 2^(E+1) - step,
+  step at least 2^-149); NaN and ±inf elements pass through;
 - float <exp, man>: the IEEE 754 grid (bias 2^(exp-1) - 1, top exponent reserved for inf/NaN,
   subnormals, overflow to ±inf or, with ``saturate``, to ±largest finite); <5,10> and <8,7> equal
   torch's float16 and bfloat16 casts bit for bit.
@@ -166,10 +167,16 @@ def decode_codes(compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape
     return _decode(*compact).view(shape)
 
 
-def _block_scale(max_abs: torch.Tensor, wl: int) -> torch.Tensor:
-    """1 / step for blocks whose largest magnitude is ``max_abs`` (QPyTorch's block grid)."""
-    exponent = torch.frexp(max_abs).exponent - 1  # floor(log2(max_abs)); 0 -> -1, harmless
-    return torch.exp2((wl - 2 - exponent.clamp_min(-100)).to(max_abs.dtype))
+@fused
+def _block_floating_point(x: torch.Tensor, key: torch.Tensor, *, wl: int, stochastic: bool) -> torch.Tensor:
+    """Blocks of ``x`` (3-D): one shared exponent per index of dimension 1, over dimensions 0 and 2."""
+    finite = x.abs() < math.inf
+    max_abs = torch.where(finite, x.abs(), 0.0).amax(dim=(0, 2), keepdim=True)
+    # E = floor(log2(max)), at least wl - 151 so that the step 2^(E + 2 - wl) stays >= 2^-149
+    e = (torch.frexp(max_abs).exponent - 1).clamp_min(wl - 151)
+    qmax = 2.0 ** (wl - 1) - 1
+    codes = round_codes(scale_pow2(x, wl - 2 - e), key, stochastic=stochastic).clamp(-qmax, qmax)
+    return torch.where(finite, scale_pow2(codes, e + 2 - wl), x)
 
 
 def _to_tiles(x: torch.Tensor, block: int, dims: tuple[int, int]) -> tuple[torch.Tensor, tuple]:
@@ -196,22 +203,36 @@ def block_floating_point(
     rounding: Rounding = "nearest",
     block: int | None = None,
     dims: tuple[int, int] = (0, 1),
+    dim: int | None = None,
 ) -> torch.Tensor:
     """Block floating point with ``wl``-bit signed mantissas and one shared exponent per block.
 
-    ``block=None`` shares one exponent over the whole tensor; ``block=k`` over each k x k tile of
-    dimensions ``dims`` (separately for every index of the other dimensions).
+    Blocks: the whole tensor (``block=None, dim=None``); each k x k tile of dimensions ``dims``
+    (``block=k``, separately for every index of the other dimensions); or, as QPyTorch's ``dim``,
+    each index of dimension ``dim`` (the maximum over all other dimensions; ``dim=-1`` is the last
+    dimension here, where QPyTorch's -1 means the whole tensor).
+
+    The exponent E comes from the largest finite magnitude in the block; NaN and ±inf elements pass
+    through unchanged and do not set it (one overflowed element does not flush its block to zero).
+    E is at least ``wl - 151``, so the step never falls below float32's smallest subnormal and tiny
+    blocks keep their values.
     """
-    qmax = 2.0 ** (wl - 1) - 1
-    if block is None:
-        flat = x.reshape(1, -1)
-        scale = _block_scale(flat.abs().amax().reshape(1, 1), wl)
-        out = round_to_grid(flat, scale, torch.zeros_like(scale), -qmax, qmax, _stochastic(rounding))
-        return out.view_as(x)
-    tiles, layout = _to_tiles(x, block, dims)
-    scale = _block_scale(tiles.abs().amax(dim=1, keepdim=True), wl)
-    out = round_to_grid(tiles.contiguous(), scale, torch.zeros_like(scale), -qmax, qmax, _stochastic(rounding))
-    return _from_tiles(out, block, dims, layout)
+    if block is not None and dim is not None:
+        raise ValueError("block floating point takes k x k tiles (block) or per-slice exponents (dim), not both")
+    if x.numel() == 0:
+        return x.clone()
+    stochastic = _stochastic(rounding)
+    key = key_for(stochastic, x.device)
+    if block is not None:
+        tiles, layout = _to_tiles(x, block, dims)
+        out = _block_floating_point(tiles.unsqueeze(0), key, wl=wl, stochastic=stochastic)
+        return _from_tiles(out.squeeze(0), block, dims, layout)
+    if dim is None:
+        rows = x.reshape(1, 1, -1)
+    else:
+        d = dim % x.dim()
+        rows = x.reshape(math.prod(x.shape[:d]), x.shape[d], -1)
+    return _block_floating_point(rows, key, wl=wl, stochastic=stochastic).view_as(x)
 
 
 @fused

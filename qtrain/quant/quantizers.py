@@ -99,16 +99,23 @@ class BlockFloatingPoint(Quantizer):
     fmt = "block-fp"
 
     def __init__(
-        self, wl: int, rounding: Rounding = "stochastic", block: int | None = None, dims: tuple[int, int] = (0, 1)
+        self,
+        wl: int,
+        rounding: Rounding = "stochastic",
+        block: int | None = None,
+        dims: tuple[int, int] = (0, 1),
+        dim: int | None = None,
     ) -> None:
         super().__init__()
-        self.bits, self.rounding, self.block, self.dims = wl, rounding, block, dims
+        if block is not None and dim is not None:
+            raise ValueError("block floating point takes k x k tiles (block) or per-slice exponents (dim), not both")
+        self.bits, self.rounding, self.block, self.dims, self.dim = wl, rounding, block, dims, dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.block_floating_point(x, self.bits, self.rounding, self.block, self.dims)
+        return formats.block_floating_point(x, self.bits, self.rounding, self.block, self.dims, self.dim)
 
     def extra_repr(self) -> str:
-        return f"wl={self.bits}, block={self.block}, rounding={self.rounding}"
+        return f"wl={self.bits}, block={self.block}, dim={self.dim}, rounding={self.rounding}"
 
 
 class FloatingPoint(Quantizer):
