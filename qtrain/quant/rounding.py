@@ -74,7 +74,7 @@ def round_codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torc
     if not stochastic:
         return torch.round(t)
     low = torch.floor(t)
-    return low + (hashed_uniform(t.shape, key, t.device) < t - low).to(t.dtype)
+    return torch.where(hashed_uniform(t.shape, key, t.device) < t - low, low + 1, low)
 
 
 def draw_key(device: torch.device) -> torch.Tensor:
@@ -143,7 +143,7 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*tensors, **static)
         signature = tuple(sorted(static.items()))
         if signature not in kernels:
-            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True)
+            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True, fullgraph=True)
         try:
             return kernels[signature](*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
