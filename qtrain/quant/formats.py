@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from qtrain.quant.rounding import fused, grid_codes, key_for, round_codes, round_to_grid, scale_pow2
+from qtrain.quant.rounding import fused, key_for, round_codes, round_to_grid, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -53,19 +53,27 @@ def _rows(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     """``x`` as a 2-D view: one row for "tensor", one per slice of dimension 0 otherwise."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"range granularity {granularity!r} is not one of {GRANULARITIES}")
-    return x.reshape(1, -1) if granularity == "tensor" else x.reshape(x.shape[0], -1)
+    return x.reshape(1, -1) if granularity == "tensor" else x.reshape(x.shape[0], math.prod(x.shape[1:]))
+
+
+def _mean(column: torch.Tensor) -> torch.Tensor:
+    """Mean of a ``(rows, 1)`` column as ``(1, 1)``, taken about its first entry: exact when all are equal."""
+    return column[:1] + (column - column[:1]).mean()
 
 
 def _row_range(rows: torch.Tensor, sample_mean: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    # amin and amax apart: 5x faster than aminmax(dim=1) on the CPU
-    lo, hi = rows.amin(1, keepdim=True), rows.amax(1, keepdim=True)
+    # over finite values only (NaN and ±inf do not widen the range); amin and amax apart: 5x faster
+    # than aminmax(dim=1) on the CPU
+    finite = rows.abs() < math.inf
+    lo = torch.where(finite, rows, math.inf).amin(1, keepdim=True)
+    hi = torch.where(finite, rows, -math.inf).amax(1, keepdim=True)
     if sample_mean:
-        return lo.mean().reshape(1, 1), hi.mean().reshape(1, 1)
+        return _mean(lo), _mean(hi)
     return lo, hi
 
 
 def tensor_range(x: torch.Tensor, granularity: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lo, hi) of ``x`` as ``(rows, 1)`` tensors: one row per tensor, or per slice of dimension 0.
+    """(lo, hi) of ``x``'s finite values as ``(rows, 1)`` tensors: one row per tensor, or per slice of dim 0.
 
     "channel" gives one range per output channel (dim 0 of a weight); "sample_mean" the mean over
     the batch (dim 0) of each sample's min and max, one range for the whole tensor.
@@ -73,51 +81,59 @@ def tensor_range(x: torch.Tensor, granularity: Granularity) -> tuple[torch.Tenso
     return _row_range(_rows(x, granularity), granularity == "sample_mean")
 
 
-def _range_grid(
-    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, stochastic: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Codes, scale and zero point of ``rows`` on the range-linear grid over [lo, hi]."""
-    scale = bounds[1] / (hi - lo).clamp_min(1e-30)
-    zero = lo * scale
-    return grid_codes(rows, scale, zero, bounds, key, stochastic=stochastic), scale, zero
+def _range_codes(
+    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, stochastic: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes of ``rows`` on the grid of ``levels + 1`` points from ``lo`` to ``hi`` (per row), and the step.
+
+    ``t = (x - lo) * (levels / (hi - lo))`` subtracts before it scales, so values far from zero keep
+    their codes. A constant row (``hi == lo``) has step 0 and every code 0; a span below 2^-64 is
+    scaled up by 2^64 (exactly) first, so that ``levels / span`` cannot overflow.
+    """
+    span = hi - lo
+    boost = torch.where(span < 2.0**-64, 2.0**64, 1.0)
+    inv = torch.where(span > 0, levels / (span * boost), 0.0)
+    t = (rows.clamp(lo, hi) - lo) * boost * inv
+    return torch.minimum(round_codes(t, key, stochastic=stochastic).clamp_min(0), levels), span / levels
 
 
 @fused
 def _range_linear(
-    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool
+    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool
 ) -> torch.Tensor:
-    codes, scale, zero = _range_grid(rows, lo, hi, bounds, key, stochastic)
-    return (codes + zero) / scale
+    codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
+    return codes * step + lo
 
 
 @fused
 def _range_linear_from_data(
-    rows: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, sample_mean: bool, stochastic: bool,
+    rows: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, sample_mean: bool, stochastic: bool,
     code_dtype: torch.dtype | None,
 ) -> tuple[torch.Tensor, ...]:
     lo, hi = _row_range(rows, sample_mean)
-    codes, scale, zero = _range_grid(rows, lo, hi, bounds, key, stochastic)
-    out = (codes + zero) / scale
+    codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
+    out = codes * step + lo
     if code_dtype is None:
         return out, lo, hi
-    return out, lo, hi, codes.to(code_dtype), scale, zero
+    return out, lo, hi, codes.to(code_dtype), step
 
 
 @fused
-def _decode(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return (codes.to(scale.dtype) + zero) / scale
+def _decode(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    return codes.to(step.dtype) * step + lo
 
 
 def _levels(bits: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([0.0, 2.0**bits - 1], dtype=like.dtype, device=like.device)
+    return torch.tensor(2.0**bits - 1, dtype=like.dtype, device=like.device)
 
 
 def range_linear(x: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor, rounding: Rounding = "nearest") -> torch.Tensor:
-    """Affine quantization onto ``2^bits`` levels from ``lo`` to ``hi`` (both exactly representable).
+    """Affine quantization onto ``2^bits`` levels from ``lo`` to ``hi``, values outside clamped to the ends.
 
-    As in the SBM reference code: ``step = (hi - lo) / (2^b - 1)``, code ``clamp(round((x - lo) / step),
-    0, 2^b - 1)``, value ``code * step + lo``. ``lo``/``hi`` are ``(rows, 1)``: one row for the whole
-    tensor, or one per slice of dimension 0.
+    As in the SBM reference code: ``step = (hi - lo) / (2^b - 1)``, code ``clamp(round((x - lo) *
+    ((2^b - 1) / (hi - lo))), 0, 2^b - 1)``, value ``code * step + lo``. ``lo``/``hi`` are ``(rows, 1)``:
+    one row for the whole tensor, or one per slice of dimension 0. A constant range (``hi == lo``)
+    maps everything to ``lo``. NaN stays NaN; ±inf saturate to ``hi``/``lo`` like any value outside.
     """
     stochastic = _stochastic(rounding)
     rows = x.reshape(lo.shape[0], -1)
@@ -127,6 +143,10 @@ def range_linear(x: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor,
 def _from_data(x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding, dtype: torch.dtype | None) -> tuple:
     stochastic = _stochastic(rounding)
     rows = _rows(x, granularity)
+    if rows.shape[1] == 0:  # no elements to take a range from: (0, 0)
+        zero = x.new_zeros(1 if granularity == "sample_mean" else rows.shape[0], 1)
+        out = x.clone()
+        return (out, zero, zero) if dtype is None else (out, zero, zero, rows.to(dtype), zero)
     return _range_linear_from_data(rows, _levels(bits, x), key_for(stochastic, x.device),
                                    sample_mean=granularity == "sample_mean", stochastic=stochastic, code_dtype=dtype)
 
@@ -136,7 +156,8 @@ def range_linear_from_data(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`range_linear` over ``x``'s own range (:func:`tensor_range`), in one fused kernel.
 
-    Returns the quantized tensor and the range ``(lo, hi)`` it used.
+    Returns the quantized tensor and the range ``(lo, hi)`` it used. The range spans the finite
+    values; a constant tensor (or row) comes back unchanged, and a row with no finite value as NaN.
     """
     out, lo, hi = _from_data(x, bits, granularity, rounding, None)
     return out.view_as(x), lo, hi
@@ -150,16 +171,18 @@ def code_dtype(bits: int) -> torch.dtype | None:
 def range_linear_codes(
     x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding = "nearest"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Like :func:`range_linear_from_data`, plus the compact form ``(codes, scale, zero)``.
+    """Like :func:`range_linear_from_data`, plus the compact form ``(codes, step, lo)``.
 
-    ``codes`` are integers of :func:`code_dtype` (1 byte each up to 8 bits); :func:`decode_codes`
-    rebuilds the quantized tensor from them bit for bit, so backward can keep codes, not floats.
+    ``codes`` are integers of :func:`code_dtype` (1 byte each up to 8 bits), one row per row of the
+    range; ``step`` is ``(hi - lo) / (2^bits - 1)`` per row. :func:`decode_codes` rebuilds the
+    quantized tensor from them bit for bit (``codes * step + lo``), so backward can keep codes, not floats.
+    Codes hold no NaN: a NaN element decodes to a value on the grid.
     """
     dtype = code_dtype(bits)
     if dtype is None:
         raise ValueError(f"range-linear codes of {bits} bits do not fit a 16-bit integer")
-    out, lo, hi, codes, scale, zero = _from_data(x, bits, granularity, rounding, dtype)
-    return out.view_as(x), lo, hi, (codes, scale, zero)
+    out, lo, hi, codes, step = _from_data(x, bits, granularity, rounding, dtype)
+    return out.view_as(x), lo, hi, (codes, step, lo)
 
 
 def decode_codes(compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: torch.Size) -> torch.Tensor:
