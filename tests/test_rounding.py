@@ -1,4 +1,4 @@
-"""The hashed uniform source and the grid kernel: distribution, reproducibility, fused == eager."""
+"""The hashed uniform source and the rounding: distribution, reproducibility, exactness, fused == eager."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qtrain.quant import formats, rounding
-from qtrain.quant.rounding import hashed_uniform, round_to_grid
+from qtrain.quant.rounding import hashed_uniform
 
 N = 1 << 20
 
@@ -48,30 +48,17 @@ def test_draws_follow_torch_seed_and_differ_between_calls():
 
 
 def test_stochastic_rounding_is_unbiased():
-    x = torch.full((1, N), 0.3)
-    one = torch.ones(1, 1)
-    out = round_to_grid(x, one, torch.zeros(1, 1), -10, 10, stochastic=True)
+    out = rounding.round_codes(torch.full((N,), 0.3), _key(), stochastic=True)
     assert set(out.unique().tolist()) == {0.0, 1.0}
     assert abs(out.mean().item() - 0.3) < 2e-3
 
 
-def test_fused_kernel_matches_eager_bit_for_bit():
-    x = torch.randn(37, 113)
-    scale = torch.rand(37, 1) * 50 + 1
-    zero = torch.round(torch.randn(37, 1) * 3)
-    results = []
-    for fused in (False, True):
-        rounding.set_fused(fused)
-        torch.manual_seed(7)
-        results.append([round_to_grid(x, scale, zero, 0, 255, s) for s in (True, False)])
-    for eager, fused in zip(*results):
-        assert torch.equal(eager, fused)
-
-
 def test_compiler_failure_falls_back_to_the_same_eager_result(monkeypatch):
-    x = torch.randn(8, 100)
-    args = (x, torch.full((8, 1), 10.0), torch.zeros(8, 1), torch.tensor([-50.0, 50.0]), torch.tensor(7, dtype=torch.int32))
-    expected = rounding.grid_codes(*args, stochastic=True)
+    def codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
+        return rounding.round_codes(t, key, stochastic=stochastic)
+
+    args = (torch.randn(8, 100) * 10, torch.tensor(7, dtype=torch.int32))
+    expected = codes(*args, stochastic=True)
 
     def broken_compile(fn, **kwargs):
         def fail(*args):
@@ -79,12 +66,21 @@ def test_compiler_failure_falls_back_to_the_same_eager_result(monkeypatch):
         return fail
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    kernel = rounding.fused(rounding.grid_codes)  # a kernel cache of its own, so compile is called
+    kernel = rounding.fused(codes)  # a kernel cache of its own, so compile is called
     rounding.set_fused(True)
     with pytest.warns(UserWarning, match=r"torch.compile failed .*no C\+\+ compiler"):
         got = kernel(*args, stochastic=True)
     assert torch.equal(got, expected)
     assert not rounding._FUSED["enabled"]
+
+
+def test_scale_pow2_is_exact_over_the_whole_exponent_range():
+    k = torch.arange(-252, 253, dtype=torch.int32)
+    x = torch.full(k.shape, 1.5)
+    expected = torch.tensor([1.5 * 2.0**i for i in k.tolist()]).float()  # Python doubles, rounded once
+    assert torch.equal(rounding.scale_pow2(x, k), expected)
+    assert torch.equal(rounding.pow2(torch.arange(-126, 128, dtype=torch.int32)),
+                       torch.tensor([2.0**i for i in range(-126, 128)]).float())
 
 
 # --- the 64-bit index path of the hashed uniform -------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from qtrain.quant.rounding import fused, key_for, round_codes, round_to_grid, scale_pow2
+from qtrain.quant.rounding import fused, key_for, round_codes, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -36,17 +36,48 @@ def _stochastic(rounding: Rounding) -> bool:
     return rounding == "stochastic"
 
 
-def _const(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.full((1, 1), value, dtype=like.dtype, device=like.device)
+@fused
+def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
+                 clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    codes = round_codes(x * scale, key, stochastic=stochastic)
+    out = (torch.clamp(codes, bounds[0], bounds[1]) if clamp else codes) / scale
+    if not mask:
+        return out
+    return out, ~((codes < bounds[0]) | (codes > bounds[1]))
 
 
-def fixed_point(x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False) -> torch.Tensor:
-    """Quantize to signed fixed point with ``wl`` bits in all, ``fl`` of them fractional."""
+def _fixed_args(x: torch.Tensor, wl: int, fl: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
     qmax = 2.0 ** (wl - 1) - 1
     qmin = -qmax if symmetric else -(2.0 ** (wl - 1))
-    flat = x.reshape(1, -1)
-    out = round_to_grid(flat, _const(2.0**fl, x), _const(0.0, x), qmin, qmax, _stochastic(rounding))
-    return out.view_as(x)
+    scale = torch.tensor(2.0**fl, dtype=x.dtype, device=x.device)
+    return scale, torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
+
+
+def fixed_point(
+    x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False, clamp: bool = True
+) -> torch.Tensor:
+    """Quantize to signed fixed point with ``wl`` bits in all, ``fl`` of them fractional.
+
+    With ``clamp=False`` values beyond the range are rounded onto the grid but not clamped (QPyTorch's
+    ``clamp=False``: the precision of the format without its range). NaN stays NaN; ±inf clamp to the
+    ends of the range, or stay ±inf without clamping.
+    """
+    stochastic = _stochastic(rounding)
+    scale, bounds = _fixed_args(x, wl, fl, symmetric)
+    return _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=clamp, mask=False)
+
+
+def fixed_point_with_mask(
+    x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fixed_point` (clamped) and a boolean mask of the elements it did not clamp.
+
+    An element is clamped where its rounded code fell outside the range, as in QPyTorch's
+    ``clamping_grad_zero``; the mask is where a straight-through gradient passes (NaN passes).
+    """
+    stochastic = _stochastic(rounding)
+    scale, bounds = _fixed_args(x, wl, fl, symmetric)
+    return _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=True, mask=True)
 
 
 def _rows(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:

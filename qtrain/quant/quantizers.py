@@ -20,6 +20,14 @@ class Quantizer(nn.Module):
     fmt = "float32"
     bits: int = 32
 
+    def forward_with_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``self(x)`` and where a straight-through gradient passes (a bool tensor; None: everywhere).
+
+        :func:`qtrain.quant.autograd.quantize_ste` calls it, so a quantizer that clamps can zero the
+        gradient of the elements it clamped.
+        """
+        return self(x), None
+
     def compact(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """``self(x)`` and what backward saves to rebuild it with :meth:`expand` (here: the tensor itself)."""
         out = self(x)
@@ -29,19 +37,56 @@ class Quantizer(nn.Module):
         """The quantized tensor that :meth:`compact` saved."""
         return saved[0]
 
+    def masked_grad(self, grad: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The straight-through gradient w.r.t. the input of :meth:`compact`, from ``grad`` w.r.t. its output."""
+        return grad
+
 
 class FixedPoint(Quantizer):
+    """Fixed point <wl, fl>; ``clamp=False`` rounds without saturating (QPyTorch's ``clamp``).
+
+    ``clamp_grad_zero`` (QPyTorch's ``clamping_grad_zero``) makes the straight-through estimator pass
+    zero gradient to the elements the forward clamped, in :func:`~qtrain.quant.autograd.quantize_ste`
+    and for the activations of the quantized layers.
+    """
+
     fmt = "fixed"
 
-    def __init__(self, wl: int, fl: int, rounding: Rounding = "stochastic", symmetric: bool = False) -> None:
+    def __init__(
+        self,
+        wl: int,
+        fl: int,
+        rounding: Rounding = "stochastic",
+        symmetric: bool = False,
+        clamp: bool = True,
+        clamp_grad_zero: bool = False,
+    ) -> None:
         super().__init__()
+        if clamp_grad_zero and not clamp:
+            raise ValueError("clamp_grad_zero zeroes the gradient of clamped values: it needs clamp=True")
         self.bits, self.fl, self.rounding, self.symmetric = wl, fl, rounding, symmetric
+        self.clamp, self.clamp_grad_zero = clamp, clamp_grad_zero
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.fixed_point(x, self.bits, self.fl, self.rounding, self.symmetric)
+        return formats.fixed_point(x, self.bits, self.fl, self.rounding, self.symmetric, self.clamp)
+
+    def forward_with_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.clamp_grad_zero:
+            return self(x), None
+        return formats.fixed_point_with_mask(x, self.bits, self.fl, self.rounding, self.symmetric)
+
+    def compact(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Saves the quantized tensor and, with ``clamp_grad_zero``, the mask of unclamped elements."""
+        out, passes = self.forward_with_mask(x)
+        return out, (out,) if passes is None else (out, passes)
+
+    def masked_grad(self, grad: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return grad if len(saved) == 1 else torch.where(saved[1], grad, 0.0)
 
     def extra_repr(self) -> str:
-        return f"wl={self.bits}, fl={self.fl}, rounding={self.rounding}"
+        extra = "" if self.clamp else ", clamp=False"
+        extra += ", clamp_grad_zero=True" if self.clamp_grad_zero else ""
+        return f"wl={self.bits}, fl={self.fl}, rounding={self.rounding}{extra}"
 
 
 class RangeLinear(Quantizer):
@@ -119,15 +164,17 @@ class BlockFloatingPoint(Quantizer):
 
 
 class FloatingPoint(Quantizer):
+    """IEEE float <exp, man> (:func:`~qtrain.quant.formats.floating_point`); ``saturate`` clamps overflow."""
+
     fmt = "float"
 
-    def __init__(self, exp: int, man: int, rounding: Rounding = "nearest") -> None:
+    def __init__(self, exp: int, man: int, rounding: Rounding = "nearest", saturate: bool = False) -> None:
         super().__init__()
-        self.exp, self.man, self.rounding = exp, man, rounding
+        self.exp, self.man, self.rounding, self.saturate = exp, man, rounding, saturate
         self.bits = 1 + exp + man
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.floating_point(x, self.exp, self.man, self.rounding)
+        return formats.floating_point(x, self.exp, self.man, self.rounding, self.saturate)
 
     def extra_repr(self) -> str:
-        return f"exp={self.exp}, man={self.man}, rounding={self.rounding}"
+        return f"exp={self.exp}, man={self.man}, rounding={self.rounding}" + (", saturate=True" if self.saturate else "")

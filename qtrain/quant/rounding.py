@@ -1,10 +1,16 @@
-"""Rounding onto an integer grid: nearest and stochastic, fused where torch.compile works.
+"""Rounding onto integer grids: nearest and stochastic, exact power-of-two scaling, fused kernels.
 
-Every number format in :mod:`qtrain.quant.formats` reduces to one affine integer grid per row of a
-2-D view of the tensor: ``q = clamp(round(x * scale - zero), qmin, qmax)``, ``out = (q + zero) / scale``.
-This module holds that rounding (:func:`grid_codes`) and :func:`fused`, which runs a format's whole
-computation as one torch.compile kernel (one pass over memory instead of several), eager where
+Every number format in :mod:`qtrain.quant.formats` reduces to an integer grid (per tensor, row,
+block or element): it expresses ``x`` in units of its step, rounds that with :func:`round_codes`,
+clamps the codes and maps them back. This module holds the rounding, :func:`scale_pow2` (exact
+scaling by 2^k without float64 or intermediate overflow) and :func:`fused`, which runs a format's
+whole computation as one torch.compile kernel (one pass over memory instead of several), eager where
 compilation is unavailable.
+
+Nearest rounding is round-half-to-even everywhere, as torch's own casts (``x.half()``,
+``x.bfloat16()``) and ``torch.round`` do. QPyTorch rounds ties half to even in fixed point only: its
+float and block kernels add half a step to the bits and truncate (ties away from zero for floats,
+up for blocks), so tests compare with it off ties only.
 
 Stochastic rounding rounds ``t`` up with probability equal to its fractional part (METHODS.md, "Common
 ground"): ``f = floor(t)``, ``frac = t - f`` (exact in floating point), code ``f + (u < frac)`` with
@@ -82,19 +88,6 @@ def draw_key(device: torch.device) -> torch.Tensor:
     return torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32).to(device)
 
 
-def grid_codes(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    zero: torch.Tensor,
-    bounds: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    stochastic: bool,
-) -> torch.Tensor:
-    """The integer codes ``clamp(round(x*scale - zero), *bounds)`` (as floats), for use inside fused functions."""
-    return torch.clamp(round_codes(x * scale - zero, key, stochastic=stochastic), bounds[0], bounds[1])
-
-
 def pow2(k: torch.Tensor) -> torch.Tensor:
     """2^k as float32 for int32 ``k`` in [-126, 127], built from its exponent bits (exact on every device)."""
     return ((k + 127) << 23).view(torch.float32)
@@ -157,26 +150,3 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
 def key_for(stochastic: bool, device: torch.device) -> torch.Tensor:
     """A fresh key for stochastic rounding, or a dummy for nearest (no random draw)."""
     return draw_key(device) if stochastic else torch.zeros((), dtype=torch.int32, device=device)
-
-
-@fused
-def _grid_values(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor,
-                 *, stochastic: bool) -> torch.Tensor:
-    return (grid_codes(x, scale, zero, bounds, key, stochastic=stochastic) + zero) / scale
-
-
-def round_to_grid(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    zero: torch.Tensor,
-    qmin: float,
-    qmax: float,
-    stochastic: bool,
-) -> torch.Tensor:
-    """Round each row of ``x`` (2-D) onto ``(clamp(round(x*scale - zero), qmin, qmax) + zero) / scale``.
-
-    ``scale`` and ``zero`` hold one value per row (shape ``(rows, 1)``, or ``(1, 1)`` for all rows).
-    Nearest rounding is round-half-to-even, as in QPyTorch's fixed point.
-    """
-    bounds = torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
-    return _grid_values(x, scale, zero, bounds, key_for(stochastic, x.device), stochastic=stochastic)
