@@ -87,20 +87,31 @@ def _rows(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     return x.reshape(1, -1) if granularity == "tensor" else x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
 
+def _finite_bounds(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max of each row's finite values (NaN and ±inf do not widen the range), as ``(rows, 1)``."""
+    finite = rows.abs() < math.inf
+    # amin and amax apart: 5x faster than aminmax(dim=1) on the CPU
+    lo = torch.where(finite, rows, math.inf).amin(1, keepdim=True)
+    hi = torch.where(finite, rows, -math.inf).amax(1, keepdim=True)
+    return lo, hi
+
+
+_fused_bounds = fused(_finite_bounds)
+
+
 def _mean(column: torch.Tensor) -> torch.Tensor:
     """Mean of a ``(rows, 1)`` column as ``(1, 1)``, taken about its first entry: exact when all are equal."""
     return column[:1] + (column - column[:1]).mean()
 
 
-def _row_range(rows: torch.Tensor, sample_mean: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    # over finite values only (NaN and ±inf do not widen the range); amin and amax apart: 5x faster
-    # than aminmax(dim=1) on the CPU
-    finite = rows.abs() < math.inf
-    lo = torch.where(finite, rows, math.inf).amin(1, keepdim=True)
-    hi = torch.where(finite, rows, -math.inf).amax(1, keepdim=True)
-    if sample_mean:
-        return _mean(lo), _mean(hi)
-    return lo, hi
+def _sample_mean_range(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean over rows of each row's finite min and max.
+
+    The mean runs eagerly on the small ``(rows, 1)`` columns in every mode: a compiled reduction sums
+    in another order, and the fused kernels must give the eager results bit for bit.
+    """
+    lo, hi = _fused_bounds(rows)
+    return _mean(lo), _mean(hi)
 
 
 def tensor_range(x: torch.Tensor, granularity: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +120,8 @@ def tensor_range(x: torch.Tensor, granularity: Granularity) -> tuple[torch.Tenso
     "channel" gives one range per output channel (dim 0 of a weight); "sample_mean" the mean over
     the batch (dim 0) of each sample's min and max, one range for the whole tensor.
     """
-    return _row_range(_rows(x, granularity), granularity == "sample_mean")
+    rows = _rows(x, granularity)
+    return _sample_mean_range(rows) if granularity == "sample_mean" else _finite_bounds(rows)
 
 
 def _range_codes(
@@ -124,24 +136,25 @@ def _range_codes(
     span = hi - lo
     boost = torch.where(span < 2.0**-64, 2.0**64, 1.0)
     inv = torch.where(span > 0, levels / (span * boost), 0.0)
-    t = (rows.clamp(lo, hi) - lo) * boost * inv
-    return torch.minimum(round_codes(t, key, stochastic=stochastic).clamp_min(0), levels), span / levels
+    t = (rows.clamp(lo, hi) - lo) * boost * inv  # in [0, levels * (1 + 2^-23)]
+    return torch.minimum(round_codes(t, key, stochastic=stochastic), levels), span / levels
 
 
 @fused
 def _range_linear(
-    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool
-) -> torch.Tensor:
+    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
+    code_dtype: torch.dtype | None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
-    return codes * step + lo
+    out = codes * step + lo
+    return out if code_dtype is None else (out, codes.to(code_dtype), step)
 
 
 @fused
 def _range_linear_from_data(
-    rows: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, sample_mean: bool, stochastic: bool,
-    code_dtype: torch.dtype | None,
+    rows: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool, code_dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, ...]:
-    lo, hi = _row_range(rows, sample_mean)
+    lo, hi = _finite_bounds(rows)
     codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
     out = codes * step + lo
     if code_dtype is None:
@@ -168,7 +181,8 @@ def range_linear(x: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor,
     """
     stochastic = _stochastic(rounding)
     rows = x.reshape(lo.shape[0], -1)
-    return _range_linear(rows, lo, hi, _levels(bits, x), key_for(stochastic, x.device), stochastic=stochastic).view_as(x)
+    key = key_for(stochastic, x.device)
+    return _range_linear(rows, lo, hi, _levels(bits, x), key, stochastic=stochastic, code_dtype=None).view_as(x)
 
 
 def _from_data(x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding, dtype: torch.dtype | None) -> tuple:
@@ -178,8 +192,12 @@ def _from_data(x: torch.Tensor, bits: int, granularity: Granularity, rounding: R
         zero = x.new_zeros(1 if granularity == "sample_mean" else rows.shape[0], 1)
         out = x.clone()
         return (out, zero, zero) if dtype is None else (out, zero, zero, rows.to(dtype), zero)
-    return _range_linear_from_data(rows, _levels(bits, x), key_for(stochastic, x.device),
-                                   sample_mean=granularity == "sample_mean", stochastic=stochastic, code_dtype=dtype)
+    levels, key = _levels(bits, x), key_for(stochastic, x.device)
+    if granularity != "sample_mean":  # range and grid in one kernel
+        return _range_linear_from_data(rows, levels, key, stochastic=stochastic, code_dtype=dtype)
+    lo, hi = _sample_mean_range(rows)
+    result = _range_linear(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=dtype)
+    return (result, lo, hi) if dtype is None else (result[0], lo, hi, *result[1:])
 
 
 def range_linear_from_data(
