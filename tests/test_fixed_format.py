@@ -57,6 +57,13 @@ def test_without_clamp_stochastic_stays_on_the_grid_and_inf_stays_inf():
     assert FixedPoint(8, 4, "nearest", clamp=False)(x[:2]).tolist() == [1000.3125, -1000.3125]
 
 
+def test_without_clamp_huge_values_stay_put():
+    # beyond 2^23 steps every float32 lies on the grid; x * 2^8 overflows float32 for 3e38
+    x = torch.tensor([3e38, -3e38, 2.0**100 + 2.0**77, 2.0**20 + 0.5])
+    for rounding in ("nearest", "stochastic"):
+        assert torch.equal(formats.fixed_point(x, 8, 8, rounding, clamp=False), x)
+
+
 def test_with_clamp_inf_saturates_and_nan_stays_nan():
     out = formats.fixed_point(torch.tensor([INF, -INF, NAN]), 8, 4)
     assert out[:2].tolist() == [127 / 16, -8.0] and out[2].isnan()

@@ -45,8 +45,12 @@ def _stochastic(rounding: Rounding) -> bool:
 @fused
 def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
                  clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    codes = round_codes(x * scale, key, stochastic=stochastic)
-    out = (torch.clamp(codes, bounds[0], bounds[1]) if clamp else codes) / scale
+    t = x * scale
+    codes = round_codes(t, key, stochastic=stochastic)
+    if clamp:
+        out = torch.clamp(codes, bounds[0], bounds[1]) / scale
+    else:  # from 2^23 steps up every float32 is on the grid: keep x (x * scale may have overflowed)
+        out = torch.where(t.abs() >= 2.0**23, x, codes / scale)
     if not mask:
         return out
     return out, ~((codes < bounds[0]) | (codes > bounds[1]))
