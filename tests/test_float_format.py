@@ -151,3 +151,10 @@ def test_largest_finite_smallest_subnormal_and_overflow(exp, man):
     half_ulp_top = 2.0 ** (bias - man - 1)
     x = torch.tensor([largest, largest + half_ulp_top * 0.75, largest + half_ulp_top, tiny, tiny * 0.5, tiny * 0.625])
     assert formats.floating_point(x, exp, man).tolist() == [largest, largest, INF, tiny, 0.0, tiny]
+
+
+def test_only_float32_and_valid_formats():
+    with pytest.raises(TypeError, match="float32"):
+        formats.floating_point(torch.zeros(4, dtype=torch.float64), 5, 10)
+    with pytest.raises(ValueError, match="outside"):
+        formats.floating_point(torch.zeros(4), 9, 10)

@@ -213,7 +213,10 @@ def _from_data(x: torch.Tensor, bits: int, granularity: Granularity, rounding: R
 def range_linear_from_data(
     x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding = "nearest"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`range_linear` over ``x``'s own range (:func:`tensor_range`), in one fused kernel.
+    """:func:`range_linear` over ``x``'s own range (:func:`tensor_range`), fused.
+
+    One kernel finds the range and rounds; "sample_mean" runs the per-sample bounds kernel, the mean
+    over samples (eager, so that the fused and the eager path agree bit for bit) and the grid kernel.
 
     Returns the quantized tensor and the range ``(lo, hi)`` it used. The range spans the finite
     values; a constant tensor (or row) comes back unchanged, and a row with no finite value as NaN.
@@ -347,5 +350,7 @@ def floating_point(
     """
     if not (2 <= exp <= 8 and 1 <= man <= 23):
         raise ValueError(f"float <{exp},{man}> is outside exp 2..8, man 1..23")
+    if x.dtype != torch.float32:
+        raise TypeError(f"floating_point reads float32 bits; got {x.dtype}")
     stochastic = _stochastic(rounding)
     return _floating_point(x, key_for(stochastic, x.device), exp=exp, man=man, stochastic=stochastic, saturate=saturate)

@@ -124,8 +124,9 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords.
 
     Static arguments must be keyword-only. Tensor arguments are detached and made contiguous, so a
-    compiled kernel is guarded on shapes alone. Where compilation fails the same function runs
-    eagerly from then on, with a warning.
+    compiled kernel is guarded on shapes alone. The whole function must compile as one graph
+    (``fullgraph``) and without contracting ``a * b + c`` into an FMA, so it gives the eager result
+    bit for bit. Where compilation fails the same function runs eagerly from then on, with a warning.
     """
     kernels: dict[tuple, Callable[..., Any]] = {}
 
@@ -136,7 +137,9 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*tensors, **static)
         signature = tuple(sorted(static.items()))
         if signature not in kernels:
-            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True, fullgraph=True)
+            # no fused multiply-add contraction (Triton's default): the eager ops round each product
+            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True, fullgraph=True,
+                                               options={"emulate_precision_casts": True})
         try:
             return kernels[signature](*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
