@@ -98,22 +98,6 @@ def test_block_floating_point_stochastic_unbiased_like_qtorch():
     assert torch.allclose(ours.double().mean(0), ref, atol=2 * tol)
 
 
-@pytest.mark.parametrize("exp,man", [(5, 2), (4, 3), (8, 7), (5, 10)])
-def test_float_nearest_matches_qtorch(exp, man):
-    x = torch.cat([_data(), torch.tensor([1e6, -1e6, 1e-9, 0.0])])
-    ours = formats.floating_point(x, exp, man, "nearest")
-    ref = float_quantize(x, exp, man, rounding="nearest")
-    ulp = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - man)
-    keep = _off_ties(x / ulp)
-    assert torch.equal(ours[keep], ref[keep])
-
-
-def test_float_hand_computed():
-    # <exp 3, man 2>: exponents -2..4, largest 2^4 * 1.75 = 28, smallest subnormal step 2^(-2-2)
-    x = torch.tensor([1.3, 100.0, -100.0, 0.07, 5.2])
-    assert formats.floating_point(x, 3, 2).tolist() == [1.25, 28.0, -28.0, 0.0625, 5.0]
-
-
 def test_float_stochastic_unbiased_like_qtorch():
     x = _data(64, 1.0)
     torch.manual_seed(4)
@@ -153,3 +137,35 @@ def test_range_linear_stochastic_is_unbiased_with_exact_ends():
     step = 2 / 7
     assert torch.allclose(out.double().mean(0), x.double(), atol=4 * step * 0.5 / math.sqrt(REPEATS))
     assert set(out[:, 0].tolist()) == {-1.0} and set(out[:, -1].tolist()) == {1.0}
+
+
+# --- nearest rounding sends ties to the even code in every format (hand-computed ties) --------------
+
+def test_fixed_point_ties_go_to_even():
+    # <8,2>: step 0.25; t = 0.5, 1.5, -0.5, -1.5, 2.5, 4.5 -> 0, 2, -0, -2, 2, 4
+    x = torch.tensor([0.125, 0.375, -0.125, -0.375, 0.625, 1.125])
+    assert formats.fixed_point(x, 8, 2).tolist() == [0.0, 0.5, -0.0, -0.5, 0.5, 1.0]
+    assert formats.fixed_point(x, 8, 2, clamp=False).tolist() == [0.0, 0.5, -0.0, -0.5, 0.5, 1.0]
+
+
+def test_block_floating_point_ties_go_to_even():
+    # max 3 -> E = 1; wl 4 -> step 0.5; t = 0.5, 1.5, -2.5, 4.5, -0.5 -> 0, 2, -2, 4, -0 (QPyTorch: 1, 2, -2, 5, 0)
+    x = torch.tensor([3.0, 0.25, 0.75, -1.25, 2.25, -0.25])
+    expected = [3.0, 0.0, 1.0, -1.0, 2.0, -0.0]
+    assert formats.block_floating_point(x, 4).tolist() == expected
+    assert formats.block_floating_point(x.view(2, 3), 4, dim=0).flatten().tolist() == expected  # rows: max 3, 2.25
+    assert formats.block_floating_point(x.view(2, 3), 4, block=3).flatten().tolist() == expected
+
+
+def test_float_ties_go_to_even():
+    # <5,2>: step 0.25 in [1, 2), 0.5 in [2, 4); subnormal step 2^-16 (QPyTorch: ties away from zero)
+    x = torch.tensor([1.125, 1.375, 2.75, 3.75, 2.0**-17, 3 * 2.0**-17])
+    expected = [1.0, 1.5, 3.0, 4.0, 0.0, 2.0**-15]
+    assert formats.floating_point(x, 5, 2).tolist() == expected
+    assert formats.floating_point(-x, 5, 2).tolist() == [-v for v in expected]
+
+
+def test_range_linear_ties_go_to_even():
+    # 2 bits over [0, 3]: step 1; t = 0.5, 1.5, 2.5 -> 0, 2, 2
+    x = torch.tensor([0.0, 0.5, 1.5, 2.5, 3.0])
+    assert formats.range_linear_from_data(x, 2, "tensor")[0].tolist() == [0.0, 0.0, 2.0, 2.0, 3.0]

@@ -1,10 +1,13 @@
-"""The hashed uniform source and the grid kernel: distribution, reproducibility, fused == eager."""
+"""The hashed uniform source and the rounding: distribution, reproducibility, exactness, fused == eager."""
+
+import math
+import warnings
 
 import pytest
 import torch
 
-from qtrain.quant import rounding
-from qtrain.quant.rounding import hashed_uniform, round_to_grid
+from qtrain.quant import formats, rounding
+from qtrain.quant.rounding import hashed_uniform
 
 N = 1 << 20
 
@@ -46,30 +49,17 @@ def test_draws_follow_torch_seed_and_differ_between_calls():
 
 
 def test_stochastic_rounding_is_unbiased():
-    x = torch.full((1, N), 0.3)
-    one = torch.ones(1, 1)
-    out = round_to_grid(x, one, torch.zeros(1, 1), -10, 10, stochastic=True)
+    out = rounding.round_codes(torch.full((N,), 0.3), _key(), stochastic=True)
     assert set(out.unique().tolist()) == {0.0, 1.0}
     assert abs(out.mean().item() - 0.3) < 2e-3
 
 
-def test_fused_kernel_matches_eager_bit_for_bit():
-    x = torch.randn(37, 113)
-    scale = torch.rand(37, 1) * 50 + 1
-    zero = torch.round(torch.randn(37, 1) * 3)
-    results = []
-    for fused in (False, True):
-        rounding.set_fused(fused)
-        torch.manual_seed(7)
-        results.append([round_to_grid(x, scale, zero, 0, 255, s) for s in (True, False)])
-    for eager, fused in zip(*results):
-        assert torch.equal(eager, fused)
-
-
 def test_compiler_failure_falls_back_to_the_same_eager_result(monkeypatch):
-    x = torch.randn(8, 100)
-    args = (x, torch.full((8, 1), 10.0), torch.zeros(8, 1), torch.tensor([-50.0, 50.0]), torch.tensor(7, dtype=torch.int32))
-    expected = rounding.grid_codes(*args, stochastic=True)
+    def codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
+        return rounding.round_codes(t, key, stochastic=stochastic)
+
+    args = (torch.randn(8, 100) * 10, torch.tensor(7, dtype=torch.int32))
+    expected = codes(*args, stochastic=True)
 
     def broken_compile(fn, **kwargs):
         def fail(*args):
@@ -77,9 +67,203 @@ def test_compiler_failure_falls_back_to_the_same_eager_result(monkeypatch):
         return fail
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    kernel = rounding.fused(rounding.grid_codes)  # a kernel cache of its own, so compile is called
+    kernel = rounding.fused(codes)  # a kernel cache of its own, so compile is called
     rounding.set_fused(True)
     with pytest.warns(UserWarning, match=r"torch.compile failed .*no C\+\+ compiler"):
         got = kernel(*args, stochastic=True)
     assert torch.equal(got, expected)
     assert not rounding._FUSED["enabled"]
+
+
+def test_scale_pow2_is_exact_over_the_whole_exponent_range():
+    k = torch.arange(-252, 253, dtype=torch.int32)
+    x = torch.full(k.shape, 1.5)
+    expected = torch.tensor([1.5 * 2.0**i for i in k.tolist()]).float()  # Python doubles, rounded once
+    assert torch.equal(rounding.scale_pow2(x, k), expected)
+    assert torch.equal(rounding.pow2(torch.arange(-126, 128, dtype=torch.int32)),
+                       torch.tensor([2.0**i for i in range(-126, 128)]).float())
+
+
+# --- the 64-bit index path of the hashed uniform -------------------------------------------------
+
+def _key(seed: int = 11) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return rounding.draw_key(torch.device("cpu"))
+
+
+def test_uniform_at_int64_equals_int32_below_two_to_the_31():
+    key = _key()
+    low = torch.cat([torch.arange(0, 1 << 16), torch.arange((1 << 31) - (1 << 16), 1 << 31)])
+    by32 = rounding.uniform_at(low.to(torch.int32), key)
+    by64 = rounding.uniform_at(low.to(torch.int64), key)
+    assert torch.equal(by32, by64)
+    assert torch.equal(by32[: 1 << 10], hashed_uniform(torch.Size([1 << 10]), key, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("base", [1 << 31, 1 << 32, 1 << 40, (1 << 62) + 12345])
+def test_uniform_at_large_indices_is_uniform(base):
+    u = rounding.uniform_at(torch.arange(base, base + N, dtype=torch.int64), _key()).double()
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 2e-3 and abs(u.var().item() - 1 / 12) < 2e-3
+    counts = torch.histc(u, bins=64, min=0, max=1)
+    assert (((counts - N / 64) ** 2) / (N / 64)).sum().item() < 120
+
+
+@pytest.mark.parametrize("offset", [1 << 32, 1 << 33, 1 << 40])
+def test_indices_two_to_the_32_apart_are_uncorrelated(offset):
+    key = _key()
+    index = torch.arange(N, dtype=torch.int64) + (1 << 20)
+    a = rounding.uniform_at(index, key).double() - 0.5
+    b = rounding.uniform_at(index + offset, key).double() - 0.5
+    assert abs((a * b).mean().item() / a.var().item()) < 5e-3  # standard error ~ 1e-3
+    assert (a == b).double().mean().item() < 1e-3  # not the same stream (equal by chance: 2^-24)
+
+
+def test_tensors_of_two_to_the_31_elements_take_the_64_bit_path(monkeypatch):
+    seen = []
+    real = rounding.uniform_at
+
+    def spy(index, key):
+        seen.append(index.dtype)
+        return real(index, key)
+
+    key = _key()
+    small = hashed_uniform(torch.Size([40, 25]), key, torch.device("cpu"))
+    monkeypatch.setattr(rounding, "uniform_at", spy)
+    monkeypatch.setattr(rounding, "INT32_INDEX_LIMIT", 1000)  # pretend 1000 elements is 2^31
+    assert torch.equal(hashed_uniform(torch.Size([40, 25]), key, torch.device("cpu")), small)
+    hashed_uniform(torch.Size([999]), key, torch.device("cpu"))
+    assert seen == [torch.int64, torch.int32]
+    monkeypatch.undo()
+    assert rounding.INT32_INDEX_LIMIT == 1 << 31
+
+
+# --- stochastic rounding from the fractional part, in every format that rounds stochastically -----
+
+def _fixed(wl: int, fl: int):
+    return lambda x: formats.fixed_point(x, wl, fl, "stochastic")
+
+
+def _block24(x: torch.Tensor) -> torch.Tensor:
+    """Block floating point, 24-bit mantissas; an anchor of 2^22 in the block makes the step 1."""
+    anchored = torch.cat([x, torch.tensor([2.0**22])])
+    return formats.block_floating_point(anchored, 24, "stochastic")[:-1]
+
+
+def _float(exp: int, man: int):
+    return lambda x: formats.floating_point(x, exp, man, "stochastic")
+
+
+def _range16(x: torch.Tensor) -> torch.Tensor:
+    """Range-linear over [0, 65535] at 16 bits: step 1, codes equal to the values."""
+    return formats.range_linear(x, 16, torch.zeros(1, 1), torch.full((1, 1), 65535.0), "stochastic")
+
+
+ON_GRID = {
+    # (quantizer, values on its grid where t = x / step is large)
+    "fixed<24,0>": (_fixed(24, 0), torch.arange(-(1 << 22) - 4096, -(1 << 22) + 4096) * 1.0),
+    "fixed<16,10>": (_fixed(16, 10), (torch.arange(20000 - 4096, 20000 + 4096) * 1.0) / 1024),
+    "block24": (_block24, torch.arange((1 << 22) - 8192, (1 << 22)) * 1.0),
+    "float<8,23>": (_float(8, 23), torch.randn(8192) * 1e3),
+    "float<8,20>": (_float(8, 20), torch.ldexp(torch.randint(1 << 20, 1 << 21, (8192,)) * 1.0, torch.randint(-60, 40, (8192,)))),
+    "range16": (_range16, torch.arange(65535 - 8192, 65536) * 1.0),
+}
+
+
+@pytest.mark.parametrize("name", ON_GRID)
+def test_stochastic_rounding_never_moves_values_on_the_grid(name):
+    quantize, x = ON_GRID[name]
+    torch.manual_seed(0)
+    many = x.repeat(256)
+    assert torch.equal(quantize(many), many)
+
+
+CASES = [
+    # (name, quantizer, x, lower grid point, upper grid point, P(up) = fraction of a step above lower)
+    ("fixed<24,0>", _fixed(24, 0), 2.0**20 + 0.25, 2.0**20, 2.0**20 + 1, 0.25),
+    ("fixed<24,0>-", _fixed(24, 0), -(2.0**20 + 0.25), -(2.0**20) - 1, -(2.0**20), 0.75),
+    ("fixed<16,10>", _fixed(16, 10), (4 + 2.0**-20) / 1024, 4 / 1024, 5 / 1024, 2.0**-20),
+    ("fixed<16,10>hi", _fixed(16, 10), (5 - 2.0**-20) / 1024, 4 / 1024, 5 / 1024, 1 - 2.0**-20),
+    ("block24", _block24, 2.0**20 + 0.25, 2.0**20, 2.0**20 + 1, 0.25),
+    ("block24-tiny", _block24, 4 + 2.0**-20, 4.0, 5.0, 2.0**-20),
+    ("float<8,20>", _float(8, 20), 2.0**20 + 0.25, 2.0**20, 2.0**20 + 1, 0.25),
+    ("float<8,3>", _float(8, 3), 8 + 2.0**-20, 8.0, 9.0, 2.0**-20),
+    ("float<8,3>hi", _float(8, 3), 9 - 2.0**-20, 8.0, 9.0, 1 - 2.0**-20),
+    ("range16", _range16, 2.0**15 + 0.25, 2.0**15, 2.0**15 + 1, 0.25),
+    ("range16-tiny", _range16, 4 + 2.0**-20, 4.0, 5.0, 2.0**-20),
+]
+
+
+@pytest.mark.parametrize("name,quantize,x,lower,upper,p", CASES, ids=[c[0] for c in CASES])
+def test_probability_of_rounding_up_is_the_fraction(name, quantize, x, lower, upper, p):
+    n = 1 << 22
+    torch.manual_seed(1)
+    out = quantize(torch.full((n,), x))
+    assert torch.all((out == lower) | (out == upper))
+    p_up = (out == upper).double().mean().item()
+    assert abs(p_up - p) <= 5 * math.sqrt(p * (1 - p) / n) + 2.0**-24
+
+
+def test_fused_64_bit_index_path_matches_eager():
+    index = torch.arange(N, dtype=torch.int64) + (1 << 40) - (1 << 19)
+    key = _key()
+    eager = rounding.uniform_at(index, key)
+    rounding.set_fused(True)
+    assert torch.equal(rounding.fused(rounding.uniform_at)(index, key), eager)
+
+
+# --- every format: the fused kernels give the eager results bit for bit ---------------------------
+
+def _edge_data() -> torch.Tensor:
+    torch.manual_seed(5)
+    x = torch.randn(6, 5, 7, 3) * torch.exp2(torch.randint(-140, 120, (6, 1, 1, 1)).float())
+    x[1] = 7.25  # a constant row
+    x[2, 0, :3, 0] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    x[3, 1, :3, 1] = torch.tensor([0.0, -0.0, 2.0**-149])
+    return x
+
+
+FORMAT_CALLS = {
+    "fixed": lambda x, r: formats.fixed_point(x, 8, 4, r),
+    "fixed-noclamp": lambda x, r: formats.fixed_point(x, 16, 10, r, symmetric=True, clamp=False),
+    "fixed-mask": lambda x, r: formats.fixed_point_with_mask(x, 6, 2, r),
+    "range": lambda x, r: formats.range_linear(x, 8, torch.full((1, 1), -2.0), torch.full((1, 1), 3.0), r),
+    "range-tensor": lambda x, r: formats.range_linear_from_data(x, 8, "tensor", r),
+    "range-channel": lambda x, r: formats.range_linear_from_data(x, 4, "channel", r),
+    "range-codes": lambda x, r: formats.range_linear_codes(x, 8, "sample_mean", r),
+    "decode": lambda x, r: formats.decode_codes(formats.range_linear_codes(x, 12, "channel", r)[3], x.shape),
+    "block": lambda x, r: formats.block_floating_point(x, 8, r),
+    "block-tiles": lambda x, r: formats.block_floating_point(x, 6, r, block=4, dims=(1, 2)),
+    "block-dim": lambda x, r: formats.block_floating_point(x, 10, r, dim=2),
+    "float-e5m10": lambda x, r: formats.floating_point(x, 5, 10, r),
+    "float-e4m3-sat": lambda x, r: formats.floating_point(x, 4, 3, r, saturate=True),
+    "float-e8m23": lambda x, r: formats.floating_point(x, 8, 23, r),
+}
+
+
+def _flat(result) -> list[torch.Tensor]:
+    parts = result if isinstance(result, tuple) else (result,)
+    out = []
+    for part in parts:
+        out.extend(_flat(part) if isinstance(part, tuple) else [part])
+    return out
+
+
+@pytest.mark.parametrize("name", FORMAT_CALLS)
+@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+def test_fused_kernels_match_eager_bit_for_bit(name, mode):
+    x = _edge_data()
+    results = []
+    for fused in (False, True):
+        rounding.set_fused(fused)
+        torch.manual_seed(7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a compile failure falls back to eager with a warning
+            results.append(_flat(FORMAT_CALLS[name](x, mode)))
+    for eager, fused in zip(*results):
+        assert eager.dtype == fused.dtype and eager.shape == fused.shape
+        if eager.dtype == torch.float32:  # bit for bit, but any NaN equals any NaN (payloads carry nothing)
+            nan = eager.isnan()
+            assert torch.equal(nan, fused.isnan())
+            eager, fused = eager.view(torch.int32)[~nan], fused.view(torch.int32)[~nan]
+        assert torch.equal(eager, fused)

@@ -160,8 +160,8 @@ class DFQ(Method):
                 return None  # the gates stay float32
             if is_depthwise(layer) and cfg.depthwise_bits is not None:
                 return range_linear_quantizers(self._bits(cfg.depthwise_bits.fw, cfg.depthwise_bits.bw), cfg)
-            if block_of(name) is not None:
-                return range_linear_quantizers(self._bits(*self.run_options[0]), cfg)  # bits set per sample
+            if block_of(name) is not None:  # bits set per sample, at most the widest option's (which sizes the codes)
+                return range_linear_quantizers(self._bits(*map(max, zip(*self.run_options))), cfg)
             return None if cfg.outside is None else range_linear_quantizers(self._bits(cfg.outside.fw, cfg.outside.bw), cfg)
 
         swapped = swap_layers(model, quantizers)

@@ -21,11 +21,16 @@ Fn = Callable[[torch.Tensor], torch.Tensor]
 class _QuantizeSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, quantize: Fn) -> torch.Tensor:
-        return quantize(x)
+        with_mask = getattr(quantize, "forward_with_mask", None)  # a Quantizer may zero clamped gradients
+        out, passes = with_mask(x) if with_mask is not None else (quantize(x), None)
+        ctx.masked = passes is not None
+        if ctx.masked:
+            ctx.save_for_backward(passes)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+        return (torch.where(ctx.saved_tensors[0], grad, 0.0) if ctx.masked else grad), None
 
 
 class _QuantizeGrad(torch.autograd.Function):
@@ -40,7 +45,11 @@ class _QuantizeGrad(torch.autograd.Function):
 
 
 def quantize_ste(x: torch.Tensor, quantize: Fn) -> torch.Tensor:
-    """``quantize(x)`` forward, identity backward (straight-through estimator)."""
+    """``quantize(x)`` forward, identity backward (straight-through estimator).
+
+    Where ``quantize`` is a :class:`~qtrain.quant.quantizers.Quantizer` its ``forward_with_mask`` runs
+    instead, and the gradient is zero where that mask is False (elements it clamped, if so configured).
+    """
     return _QuantizeSTE.apply(x, quantize)
 
 
@@ -102,4 +111,6 @@ class QuantizedGEMM(torch.autograd.Function):
         else:
             gx = grads_of(layer, grad_err, x, weight, [need_x, False, False])[0] if need_x else None
             _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, need_w, need_b])
+        if gx is not None and q.act is not None:  # straight-through for the activation quantizer
+            gx = q.act.masked_grad(gx, tuple(saved))
         return gx, gw, gb, None, None, None, None

@@ -1,24 +1,34 @@
 """Number formats as pure tensor functions (DESIGN.md, "Quantization core").
 
-- fixed point <WL, FL>: step 2^-FL, range [-2^(WL-FL-1), 2^(WL-FL-1) - 2^-FL] (QPyTorch's grid);
+- fixed point <WL, FL>: step 2^-FL, range [-2^(WL-FL-1), 2^(WL-FL-1) - 2^-FL] (QPyTorch's grid),
+  optionally without clamping (``clamp=False``) or with the mask of clamped elements for a
+  straight-through estimator (:func:`fixed_point_with_mask`);
 - range-linear (SBM, Banner et al. 2018): 2^b levels from lo to hi, zero point at lo, with lo/hi
-  per tensor, per output channel or the mean of per-sample ranges (:func:`tensor_range`);
-- block floating point: one power-of-two exponent per block (the whole tensor or k x k tiles of two
-  dimensions), WL-bit signed mantissas, QPyTorch's grid (step 2^(E+2-WL) for block maximum in
-  [2^E, 2^(E+1)), magnitudes up to 2^(E+1) - step);
-- float <exp, man>: QPyTorch's emulation (exponent range [2 - 2^(exp-1), 2^(exp-1)], no codes
-  reserved for inf/NaN, subnormals share the smallest exponent, overflow clamps to the largest value).
+  over the finite values per tensor, per output channel or the mean of per-sample ranges
+  (:func:`tensor_range`); integer codes and their decoding for saved activations;
+- block floating point: one power-of-two exponent per block (the whole tensor, k x k tiles of two
+  dimensions, or each index of one dimension), WL-bit signed mantissas, QPyTorch's grid (step
+  2^(E+2-WL) for largest finite magnitude in [2^E, 2^(E+1)), magnitudes up to 2^(E+1) - step,
+  step at least 2^-149); NaN and ±inf elements pass through;
+- float <exp, man>: the IEEE 754 grid (bias 2^(exp-1) - 1, top exponent reserved for inf/NaN,
+  subnormals, overflow to ±inf or, with ``saturate``, to ±largest finite); <5,10> and <8,7> equal
+  torch's float16 and bfloat16 casts bit for bit.
 
-Each takes ``rounding`` = "nearest" (round half to even) or "stochastic" (``floor(t + u)``).
+Each takes ``rounding`` = "nearest" or "stochastic" (up with probability equal to the fractional
+part, :func:`qtrain.quant.rounding.round_codes`). Nearest is round-half-to-even in every format, as
+torch's own casts do; QPyTorch agrees in fixed point only (its float kernel rounds ties away from
+zero, its block kernel rounds them up), so tests compare with it off ties. NaN stays NaN in every
+format. Inputs are float32; each format runs as one fused kernel (:func:`qtrain.quant.rounding.fused`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 
-from qtrain.quant.rounding import fused, grid_codes, key_for, round_to_grid
+from qtrain.quant.rounding import fused, key_for, round_codes, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -32,107 +42,206 @@ def _stochastic(rounding: Rounding) -> bool:
     return rounding == "stochastic"
 
 
-def _const(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.full((1, 1), value, dtype=like.dtype, device=like.device)
+@fused
+def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
+                 clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    t = x * scale
+    codes = round_codes(t, key, stochastic=stochastic)
+    if clamp:
+        out = torch.clamp(codes, bounds[0], bounds[1]) / scale
+    else:  # from 2^23 steps up every float32 is on the grid: keep x (x * scale may have overflowed)
+        out = torch.where(t.abs() >= 2.0**23, x, codes / scale)
+    if not mask:
+        return out
+    return out, ~((codes < bounds[0]) | (codes > bounds[1]))
 
 
-def fixed_point(x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False) -> torch.Tensor:
-    """Quantize to signed fixed point with ``wl`` bits in all, ``fl`` of them fractional."""
+def _fixed_args(x: torch.Tensor, wl: int, fl: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
     qmax = 2.0 ** (wl - 1) - 1
     qmin = -qmax if symmetric else -(2.0 ** (wl - 1))
-    flat = x.reshape(1, -1)
-    out = round_to_grid(flat, _const(2.0**fl, x), _const(0.0, x), qmin, qmax, _stochastic(rounding))
-    return out.view_as(x)
+    scale = torch.tensor(2.0**fl, dtype=x.dtype, device=x.device)
+    return scale, torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
+
+
+def fixed_point(
+    x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False, clamp: bool = True
+) -> torch.Tensor:
+    """Quantize to signed fixed point with ``wl`` bits in all, ``fl`` of them fractional.
+
+    With ``clamp=False`` values beyond the range are rounded onto the grid but not clamped (QPyTorch's
+    ``clamp=False``: the precision of the format without its range). NaN stays NaN; ±inf clamp to the
+    ends of the range, or stay ±inf without clamping.
+    """
+    stochastic = _stochastic(rounding)
+    scale, bounds = _fixed_args(x, wl, fl, symmetric)
+    return _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=clamp, mask=False)
+
+
+def fixed_point_with_mask(
+    x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fixed_point` (clamped) and a boolean mask of the elements it did not clamp.
+
+    An element is clamped where its rounded code fell outside the range, as in QPyTorch's
+    ``clamping_grad_zero``; the mask is where a straight-through gradient passes (NaN passes).
+    """
+    stochastic = _stochastic(rounding)
+    scale, bounds = _fixed_args(x, wl, fl, symmetric)
+    return _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=True, mask=True)
 
 
 def _rows(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
     """``x`` as a 2-D view: one row for "tensor", one per slice of dimension 0 otherwise."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"range granularity {granularity!r} is not one of {GRANULARITIES}")
-    return x.reshape(1, -1) if granularity == "tensor" else x.reshape(x.shape[0], -1)
+    return x.reshape(1, -1) if granularity == "tensor" else x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
 
-def _row_range(rows: torch.Tensor, sample_mean: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _finite_bounds(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max of each row's finite values (NaN and ±inf do not widen the range), as ``(rows, 1)``."""
+    finite = rows.abs() < math.inf
     # amin and amax apart: 5x faster than aminmax(dim=1) on the CPU
-    lo, hi = rows.amin(1, keepdim=True), rows.amax(1, keepdim=True)
-    if sample_mean:
-        return lo.mean().reshape(1, 1), hi.mean().reshape(1, 1)
+    lo = torch.where(finite, rows, math.inf).amin(1, keepdim=True)
+    hi = torch.where(finite, rows, -math.inf).amax(1, keepdim=True)
     return lo, hi
 
 
+_fused_bounds = fused(_finite_bounds)
+
+
+def _mean(column: torch.Tensor) -> torch.Tensor:
+    """Mean of a ``(rows, 1)`` column as ``(1, 1)``, taken about its first entry: exact when all are equal."""
+    return column[:1] + (column - column[:1]).mean()
+
+
+def _sample_mean_range(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean over rows of each row's finite min and max.
+
+    The mean runs eagerly on the small ``(rows, 1)`` columns in every mode: a compiled reduction sums
+    in another order, and the fused kernels must give the eager results bit for bit.
+    """
+    lo, hi = _fused_bounds(rows)
+    return _mean(lo), _mean(hi)
+
+
 def tensor_range(x: torch.Tensor, granularity: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lo, hi) of ``x`` as ``(rows, 1)`` tensors: one row per tensor, or per slice of dimension 0.
+    """(lo, hi) of ``x``'s finite values as ``(rows, 1)`` tensors: one row per tensor, or per slice of dim 0.
 
     "channel" gives one range per output channel (dim 0 of a weight); "sample_mean" the mean over
     the batch (dim 0) of each sample's min and max, one range for the whole tensor.
     """
-    return _row_range(_rows(x, granularity), granularity == "sample_mean")
+    rows = _rows(x, granularity)
+    return _sample_mean_range(rows) if granularity == "sample_mean" else _finite_bounds(rows)
 
 
-def _range_grid(
-    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, stochastic: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Codes, scale and zero point of ``rows`` on the range-linear grid over [lo, hi]."""
-    scale = bounds[1] / (hi - lo).clamp_min(1e-30)
-    zero = lo * scale
-    return grid_codes(rows, scale, zero, bounds, key, stochastic=stochastic), scale, zero
+def _range_codes(
+    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, stochastic: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes of ``rows`` on the grid of ``levels + 1`` points from ``lo`` to ``hi`` (per row), and the step.
+
+    ``t = (x - lo) * (levels / (hi - lo))`` subtracts before it scales, so values far from zero keep
+    their codes. A constant row (``hi == lo``) has step 0 and every code 0; a span below 2^-64 is
+    scaled up by 2^64 (exactly) first, so that ``levels / span`` cannot overflow.
+    """
+    span = hi - lo
+    boost = torch.where(span < 2.0**-64, 2.0**64, 1.0)
+    inv = torch.where(span > 0, levels / (span * boost), 0.0)
+    t = (rows.clamp(lo, hi) - lo) * boost * inv  # in [0, levels * (1 + 2^-23)]
+    return torch.minimum(round_codes(t, key, stochastic=stochastic), levels), span / levels
 
 
 @fused
 def _range_linear(
-    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool
-) -> torch.Tensor:
-    codes, scale, zero = _range_grid(rows, lo, hi, bounds, key, stochastic)
-    return (codes + zero) / scale
+    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
+    code_dtype: torch.dtype | None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
+    out = codes * step + lo
+    return out if code_dtype is None else (out, codes.to(code_dtype), step)
 
 
 @fused
 def _range_linear_from_data(
-    rows: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, sample_mean: bool, stochastic: bool,
+    rows: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, whole: bool, stochastic: bool,
     code_dtype: torch.dtype | None,
 ) -> tuple[torch.Tensor, ...]:
-    lo, hi = _row_range(rows, sample_mean)
-    codes, scale, zero = _range_grid(rows, lo, hi, bounds, key, stochastic)
-    out = (codes + zero) / scale
+    lo, hi = _finite_bounds(rows.reshape(1, -1) if whole else rows)
+    codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
+    out = codes * step + lo
     if code_dtype is None:
         return out, lo, hi
-    return out, lo, hi, codes.to(code_dtype), scale, zero
+    return out, lo, hi, codes.to(code_dtype), step
 
 
 @fused
-def _decode(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return (codes.to(scale.dtype) + zero) / scale
+def _decode(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    return codes.to(step.dtype) * step + lo
 
 
-def _levels(bits: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([0.0, 2.0**bits - 1], dtype=like.dtype, device=like.device)
+Bits = int | torch.Tensor  # one bit-width, or an (N,) tensor: one per slice of dimension 0 (per sample)
 
 
-def range_linear(x: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor, rounding: Rounding = "nearest") -> torch.Tensor:
-    """Affine quantization onto ``2^bits`` levels from ``lo`` to ``hi`` (both exactly representable).
+def _levels(bits: Bits, like: torch.Tensor) -> torch.Tensor:
+    """``2^bits - 1`` as a 0-d tensor, or as an ``(N, 1)`` column for per-sample bit-widths."""
+    if isinstance(bits, torch.Tensor):
+        return torch.exp2(bits.to(like.dtype)).sub_(1).view(-1, 1)
+    return torch.tensor(2.0**bits - 1, dtype=like.dtype, device=like.device)
 
-    As in the SBM reference code: ``step = (hi - lo) / (2^b - 1)``, code ``clamp(round((x - lo) / step),
-    0, 2^b - 1)``, value ``code * step + lo``. ``lo``/``hi`` are ``(rows, 1)``: one row for the whole
-    tensor, or one per slice of dimension 0.
+
+def _grid_rows(x: torch.Tensor, bits: Bits, granularity: Granularity) -> torch.Tensor:
+    """The rows a range-linear call rounds: per sample where each sample has its own bit-width."""
+    if not isinstance(bits, torch.Tensor):
+        return _rows(x, granularity)
+    if granularity == "channel":
+        raise ValueError("per-sample bit-widths share one range: granularity 'tensor' or 'sample_mean', not 'channel'")
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+
+
+def range_linear(x: torch.Tensor, bits: Bits, lo: torch.Tensor, hi: torch.Tensor, rounding: Rounding = "nearest") -> torch.Tensor:
+    """Affine quantization onto ``2^bits`` levels from ``lo`` to ``hi``, values outside clamped to the ends.
+
+    As in the SBM reference code: ``step = (hi - lo) / (2^b - 1)``, code ``clamp(round((x - lo) *
+    ((2^b - 1) / (hi - lo))), 0, 2^b - 1)``, value ``code * step + lo``. ``lo``/``hi`` are ``(rows, 1)``:
+    one row for the whole tensor, or one per slice of dimension 0. A constant range (``hi == lo``)
+    maps everything to ``lo``. NaN stays NaN; ±inf saturate to ``hi``/``lo`` like any value outside.
+    ``bits`` may be an ``(N,)`` tensor: each sample (slice of dimension 0) on its own ``2^bits``
+    levels of the one range ``lo``/``hi`` (``(1, 1)``).
     """
     stochastic = _stochastic(rounding)
-    rows = x.reshape(lo.shape[0], -1)
-    return _range_linear(rows, lo, hi, _levels(bits, x), key_for(stochastic, x.device), stochastic=stochastic).view_as(x)
+    rows = x.reshape(x.shape[0], -1) if isinstance(bits, torch.Tensor) else x.reshape(lo.shape[0], -1)
+    key = key_for(stochastic, x.device)
+    return _range_linear(rows, lo, hi, _levels(bits, x), key, stochastic=stochastic, code_dtype=None).view_as(x)
 
 
-def _from_data(x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding, dtype: torch.dtype | None) -> tuple:
+def _from_data(x: torch.Tensor, bits: Bits, granularity: Granularity, rounding: Rounding, dtype: torch.dtype | None) -> tuple:
     stochastic = _stochastic(rounding)
-    rows = _rows(x, granularity)
-    return _range_linear_from_data(rows, _levels(bits, x), key_for(stochastic, x.device),
-                                   sample_mean=granularity == "sample_mean", stochastic=stochastic, code_dtype=dtype)
+    rows = _grid_rows(x, bits, granularity)
+    if rows.numel() == 0:  # no elements to take a range from: (0, 0)
+        zero = x.new_zeros(1 if granularity == "sample_mean" or isinstance(bits, torch.Tensor) else rows.shape[0], 1)
+        out = x.clone()
+        return (out, zero, zero) if dtype is None else (out, zero, zero, rows.to(dtype), zero)
+    levels, key = _levels(bits, x), key_for(stochastic, x.device)
+    if granularity != "sample_mean":  # range and grid in one kernel
+        whole = isinstance(bits, torch.Tensor)  # per-sample rows, one range over all of them
+        return _range_linear_from_data(rows, levels, key, whole=whole, stochastic=stochastic, code_dtype=dtype)
+    lo, hi = _sample_mean_range(rows)
+    result = _range_linear(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=dtype)
+    return (result, lo, hi) if dtype is None else (result[0], lo, hi, *result[1:])
 
 
 def range_linear_from_data(
-    x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding = "nearest"
+    x: torch.Tensor, bits: Bits, granularity: Granularity, rounding: Rounding = "nearest"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`range_linear` over ``x``'s own range (:func:`tensor_range`), in one fused kernel.
+    """:func:`range_linear` over ``x``'s own range (:func:`tensor_range`), fused.
 
-    Returns the quantized tensor and the range ``(lo, hi)`` it used.
+    With per-sample ``bits`` (an ``(N,)`` tensor) the range is one over the whole tensor (its min and
+    max, or for "sample_mean" the mean of the samples' ranges) and each sample rounds on its own grid.
+
+    One kernel finds the range and rounds; "sample_mean" runs the per-sample bounds kernel, the mean
+    over samples (eager, so that the fused and the eager path agree bit for bit) and the grid kernel.
+
+    Returns the quantized tensor and the range ``(lo, hi)`` it used. The range spans the finite
+    values; a constant tensor (or row) comes back unchanged, and a row with no finite value as NaN.
     """
     out, lo, hi = _from_data(x, bits, granularity, rounding, None)
     return out.view_as(x), lo, hi
@@ -144,18 +253,24 @@ def code_dtype(bits: int) -> torch.dtype | None:
 
 
 def range_linear_codes(
-    x: torch.Tensor, bits: int, granularity: Granularity, rounding: Rounding = "nearest"
+    x: torch.Tensor, bits: Bits, granularity: Granularity, rounding: Rounding = "nearest", max_bits: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Like :func:`range_linear_from_data`, plus the compact form ``(codes, scale, zero)``.
+    """Like :func:`range_linear_from_data`, plus the compact form ``(codes, step, lo)``.
 
-    ``codes`` are integers of :func:`code_dtype` (1 byte each up to 8 bits); :func:`decode_codes`
-    rebuilds the quantized tensor from them bit for bit, so backward can keep codes, not floats.
+    ``codes`` are integers of :func:`code_dtype` (1 byte each up to 8 bits), one row per row of the
+    range; ``step`` is ``(hi - lo) / (2^bits - 1)`` per row. :func:`decode_codes` rebuilds the
+    quantized tensor from them bit for bit (``codes * step + lo``), so backward can keep codes, not floats.
+    Codes hold no NaN: a NaN element decodes to a value on the grid. Per-sample ``bits`` need
+    ``max_bits``, a bound on them that sizes the codes (no host round trip to find it).
     """
-    dtype = code_dtype(bits)
+    width = bits if not isinstance(bits, torch.Tensor) else max_bits
+    if width is None:
+        raise ValueError("per-sample bit-widths need max_bits to size their codes")
+    dtype = code_dtype(width)
     if dtype is None:
-        raise ValueError(f"range-linear codes of {bits} bits do not fit a 16-bit integer")
-    out, lo, hi, codes, scale, zero = _from_data(x, bits, granularity, rounding, dtype)
-    return out.view_as(x), lo, hi, (codes, scale, zero)
+        raise ValueError(f"range-linear codes of {width} bits do not fit a 16-bit integer")
+    out, lo, hi, codes, step = _from_data(x, bits, granularity, rounding, dtype)
+    return out.view_as(x), lo, hi, (codes, step, lo)
 
 
 def decode_codes(compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: torch.Size) -> torch.Tensor:
@@ -163,10 +278,16 @@ def decode_codes(compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape
     return _decode(*compact).view(shape)
 
 
-def _block_scale(max_abs: torch.Tensor, wl: int) -> torch.Tensor:
-    """1 / step for blocks whose largest magnitude is ``max_abs`` (QPyTorch's block grid)."""
-    exponent = torch.frexp(max_abs).exponent - 1  # floor(log2(max_abs)); 0 -> -1, harmless
-    return torch.exp2((wl - 2 - exponent.clamp_min(-100)).to(max_abs.dtype))
+@fused
+def _block_floating_point(x: torch.Tensor, key: torch.Tensor, *, wl: int, stochastic: bool) -> torch.Tensor:
+    """Blocks of ``x`` (3-D): one shared exponent per index of dimension 1, over dimensions 0 and 2."""
+    finite = x.abs() < math.inf
+    max_abs = torch.where(finite, x.abs(), 0.0).amax(dim=(0, 2), keepdim=True)
+    # E = floor(log2(max)), at least wl - 151 so that the step 2^(E + 2 - wl) stays >= 2^-149
+    e = (torch.frexp(max_abs).exponent - 1).clamp_min(wl - 151)
+    qmax = 2.0 ** (wl - 1) - 1
+    codes = round_codes(scale_pow2(x, wl - 2 - e), key, stochastic=stochastic).clamp(-qmax, qmax)
+    return torch.where(finite, scale_pow2(codes, e + 2 - wl), x)
 
 
 def _to_tiles(x: torch.Tensor, block: int, dims: tuple[int, int]) -> tuple[torch.Tensor, tuple]:
@@ -193,29 +314,69 @@ def block_floating_point(
     rounding: Rounding = "nearest",
     block: int | None = None,
     dims: tuple[int, int] = (0, 1),
+    dim: int | None = None,
 ) -> torch.Tensor:
     """Block floating point with ``wl``-bit signed mantissas and one shared exponent per block.
 
-    ``block=None`` shares one exponent over the whole tensor; ``block=k`` over each k x k tile of
-    dimensions ``dims`` (separately for every index of the other dimensions).
+    Blocks: the whole tensor (``block=None, dim=None``); each k x k tile of dimensions ``dims``
+    (``block=k``, separately for every index of the other dimensions); or, as QPyTorch's ``dim``,
+    each index of dimension ``dim`` (the maximum over all other dimensions; ``dim=-1`` is the last
+    dimension here, where QPyTorch's -1 means the whole tensor).
+
+    The exponent E comes from the largest finite magnitude in the block; NaN and ±inf elements pass
+    through unchanged and do not set it (one overflowed element does not flush its block to zero).
+    E is at least ``wl - 151``, so the step never falls below float32's smallest subnormal and tiny
+    blocks keep their values.
     """
-    qmax = 2.0 ** (wl - 1) - 1
-    if block is None:
-        flat = x.reshape(1, -1)
-        scale = _block_scale(flat.abs().amax().reshape(1, 1), wl)
-        out = round_to_grid(flat, scale, torch.zeros_like(scale), -qmax, qmax, _stochastic(rounding))
-        return out.view_as(x)
-    tiles, layout = _to_tiles(x, block, dims)
-    scale = _block_scale(tiles.abs().amax(dim=1, keepdim=True), wl)
-    out = round_to_grid(tiles.contiguous(), scale, torch.zeros_like(scale), -qmax, qmax, _stochastic(rounding))
-    return _from_tiles(out, block, dims, layout)
+    if block is not None and dim is not None:
+        raise ValueError("block floating point takes k x k tiles (block) or per-slice exponents (dim), not both")
+    if x.numel() == 0:
+        return x.clone()
+    stochastic = _stochastic(rounding)
+    key = key_for(stochastic, x.device)
+    if block is not None:
+        tiles, layout = _to_tiles(x, block, dims)
+        out = _block_floating_point(tiles.unsqueeze(0), key, wl=wl, stochastic=stochastic)
+        return _from_tiles(out.squeeze(0), block, dims, layout)
+    if dim is None:
+        rows = x.reshape(1, 1, -1)
+    else:
+        d = dim % x.dim()
+        rows = x.reshape(math.prod(x.shape[:d]), x.shape[d], -1)
+    return _block_floating_point(rows, key, wl=wl, stochastic=stochastic).view_as(x)
 
 
-def floating_point(x: torch.Tensor, exp: int, man: int, rounding: Rounding = "nearest") -> torch.Tensor:
-    """Emulate a float with ``exp`` exponent and ``man`` mantissa bits inside float32."""
-    e_max, e_min = 2 ** (exp - 1), 2 - 2 ** (exp - 1)
-    largest = min(2.0**e_max * (2 - 2.0**-man), torch.finfo(x.dtype).max)
-    exponent = (torch.frexp(x).exponent - 1).clamp_min(e_min)
-    scale = torch.exp2((man - exponent).to(x.dtype)).reshape(-1, 1)
-    out = round_to_grid(x.reshape(-1, 1), scale, torch.zeros_like(scale), -float("inf"), float("inf"), _stochastic(rounding))
-    return out.view_as(x).clamp(-largest, largest)
+@fused
+def _floating_point(x: torch.Tensor, key: torch.Tensor, *, exp: int, man: int, stochastic: bool,
+                    saturate: bool) -> torch.Tensor:
+    bias = 2 ** (exp - 1) - 1
+    largest = 2.0**bias * (2 - 2.0**-man)
+    # floor(log2|x|) from the exponent bits; float32 subnormals (bits 0 -> -127) lie below every
+    # format's smallest normal exponent, where the step stays fixed
+    e = (((x.view(torch.int32) >> 23) & 0xFF) - 127).clamp(1 - bias, bias)
+    codes = round_codes(scale_pow2(x, man - e), key, stochastic=stochastic)
+    out = torch.copysign(scale_pow2(codes, e - man), x)  # a negative value rounded to zero is -0
+    overflow = out.abs() > largest
+    if saturate:
+        return torch.where(overflow & (x.abs() != math.inf), torch.where(x < 0, -largest, largest), out)
+    return torch.where(overflow, torch.where(x < 0, -math.inf, math.inf), out)
+
+
+def floating_point(
+    x: torch.Tensor, exp: int, man: int, rounding: Rounding = "nearest", saturate: bool = False
+) -> torch.Tensor:
+    """Round float32 ``x`` to IEEE 754 binary floating point with ``exp`` exponent and ``man`` mantissa bits.
+
+    The IEEE grid: bias ``2^(exp-1) - 1``, exponents ``1 - bias .. bias`` (the top code is reserved for
+    inf/NaN), gradual underflow (subnormals below ``2^(1 - bias)`` with step ``2^(1 - bias - man)``),
+    largest finite ``2^bias * (2 - 2^-man)``. Results beyond it overflow to ±inf, or with ``saturate``
+    clamp to ±largest finite (FP8 recipes); ±inf and NaN inputs come back unchanged in every mode.
+    With nearest rounding <5,10> equals ``x.half().float()`` and <8,7> ``x.bfloat16().float()`` bit
+    for bit. ``exp`` in 2..8, ``man`` in 1..23 (<8,23> is float32 itself).
+    """
+    if not (2 <= exp <= 8 and 1 <= man <= 23):
+        raise ValueError(f"float <{exp},{man}> is outside exp 2..8, man 1..23")
+    if x.dtype != torch.float32:
+        raise TypeError(f"floating_point reads float32 bits; got {x.dtype}")
+    stochastic = _stochastic(rounding)
+    return _floating_point(x, key_for(stochastic, x.device), exp=exp, man=man, stochastic=stochastic, saturate=saturate)

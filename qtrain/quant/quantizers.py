@@ -2,7 +2,10 @@
 
 A quantizer is what a layer holds for one operand (weight, activation, gradient). Being modules,
 they follow ``.train()``/``.eval()`` and their state (the running activation range that SBM uses at
-evaluation) lands in the model's ``state_dict`` and so in every checkpoint.
+evaluation) lands in the model's ``state_dict`` and so in every checkpoint. Rounding follows
+:mod:`qtrain.quant.formats`: nearest is round-half-to-even, stochastic rounds up with probability
+equal to the fraction. Besides ``forward`` a quantizer offers ``forward_with_mask`` (where a
+straight-through gradient passes) and ``compact``/``expand``/``masked_grad`` (what backward saves).
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ class Quantizer(nn.Module):
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def forward_with_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``self(x)`` and where a straight-through gradient passes (a bool tensor; None: everywhere).
+
+        :func:`qtrain.quant.autograd.quantize_ste` calls it, so a quantizer that clamps can zero the
+        gradient of the elements it clamped.
+        """
+        return self(x), None
+
     def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """``self(x, bits)`` and what backward saves to rebuild it with :meth:`expand` (here: the tensor itself)."""
         out = self(x, bits)
@@ -41,19 +52,58 @@ class Quantizer(nn.Module):
         """The quantized tensor that :meth:`compact` saved."""
         return saved[0]
 
+    def masked_grad(self, grad: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The straight-through gradient w.r.t. the input of :meth:`compact`, from ``grad`` w.r.t. its output."""
+        return grad
+
 
 class FixedPoint(Quantizer):
+    """Fixed point <wl, fl>; ``clamp=False`` rounds without saturating (QPyTorch's ``clamp``).
+
+    ``clamp_grad_zero`` (QPyTorch's ``clamping_grad_zero``) makes the straight-through estimator pass
+    zero gradient to the elements the forward clamped, in :func:`~qtrain.quant.autograd.quantize_ste`
+    and for the activations of the quantized layers.
+    """
+
     fmt = "fixed"
 
-    def __init__(self, wl: int, fl: int, rounding: Rounding = "stochastic", symmetric: bool = False) -> None:
+    def __init__(
+        self,
+        wl: int,
+        fl: int,
+        rounding: Rounding = "stochastic",
+        symmetric: bool = False,
+        clamp: bool = True,
+        clamp_grad_zero: bool = False,
+    ) -> None:
         super().__init__()
+        if clamp_grad_zero and not clamp:
+            raise ValueError("clamp_grad_zero zeroes the gradient of clamped values: it needs clamp=True")
         self.bits, self.fl, self.rounding, self.symmetric = wl, fl, rounding, symmetric
+        self.clamp, self.clamp_grad_zero = clamp, clamp_grad_zero
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.fixed_point(x, self.bits, self.fl, self.rounding, self.symmetric)
+        return formats.fixed_point(x, self.bits, self.fl, self.rounding, self.symmetric, self.clamp)
+
+    def forward_with_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.clamp_grad_zero:
+            return self(x), None
+        return formats.fixed_point_with_mask(x, self.bits, self.fl, self.rounding, self.symmetric)
+
+    def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Saves the quantized tensor and, with ``clamp_grad_zero``, the mask of unclamped elements."""
+        if bits is not None:
+            return super().compact(x, bits)  # refuses: no per-sample bit-widths
+        out, passes = self.forward_with_mask(x)
+        return out, (out,) if passes is None else (out, passes)
+
+    def masked_grad(self, grad: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return grad if len(saved) == 1 else torch.where(saved[1], grad, 0.0)
 
     def extra_repr(self) -> str:
-        return f"wl={self.bits}, fl={self.fl}, rounding={self.rounding}"
+        extra = "" if self.clamp else ", clamp=False"
+        extra += ", clamp_grad_zero=True" if self.clamp_grad_zero else ""
+        return f"wl={self.bits}, fl={self.fl}, rounding={self.rounding}{extra}"
 
 
 class RangeLinear(Quantizer):
@@ -87,26 +137,24 @@ class RangeLinear(Quantizer):
         return None
 
     def forward(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
+        width = self.bits if bits is None else bits
         running = self._running()
-        if bits is not None:
-            if self.granularity == "channel":
-                raise ValueError("per-sample bit-widths need one range for the whole tensor, not per channel")
-            lo, hi = running if running is not None else formats.tensor_range(x, self.granularity)
-            if running is None and self.momentum is not None and self.training:
-                self._track(lo, hi)
-            return _per_sample(x, bits, lo, hi, self.rounding)
         if running is not None:
-            return formats.range_linear(x, self.bits, *running, self.rounding)
-        out, lo, hi = formats.range_linear_from_data(x, self.bits, self.granularity, self.rounding)
+            return formats.range_linear(x, width, *running, self.rounding)
+        out, lo, hi = formats.range_linear_from_data(x, width, self.granularity, self.rounding)
         if self.momentum is not None and self.training:
             self._track(lo, hi)
         return out
 
     def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """In training, saves integer codes (1 byte each up to 8 bits) instead of float32 values."""
-        if bits is not None or not self.training or formats.code_dtype(self.bits) is None:
+        """In training, saves integer codes (1 byte each up to 8 bits) instead of float32 values.
+
+        Per-sample ``bits`` may not exceed ``self.bits``, which sizes the codes.
+        """
+        if not self.training or formats.code_dtype(self.bits) is None:
             return super().compact(x, bits)
-        out, lo, hi, codes = formats.range_linear_codes(x, self.bits, self.granularity, self.rounding)
+        width = self.bits if bits is None else bits
+        out, lo, hi, codes = formats.range_linear_codes(x, width, self.granularity, self.rounding, max_bits=self.bits)
         if self.momentum is not None:
             self._track(lo, hi)
         return out, codes
@@ -127,40 +175,41 @@ class RangeLinear(Quantizer):
         return f"bits={self.bits}, granularity={self.granularity}, rounding={self.rounding}"
 
 
-def _per_sample(x: torch.Tensor, bits: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, rounding: Rounding) -> torch.Tensor:
-    out = torch.empty_like(x)
-    for b in bits.unique().tolist():
-        rows = (bits == b).nonzero().squeeze(1)
-        out[rows] = formats.range_linear(x[rows].contiguous(), int(b), lo, hi, rounding)
-    return out
-
-
 class BlockFloatingPoint(Quantizer):
     fmt = "block-fp"
 
     def __init__(
-        self, wl: int, rounding: Rounding = "stochastic", block: int | None = None, dims: tuple[int, int] = (0, 1)
+        self,
+        wl: int,
+        rounding: Rounding = "stochastic",
+        block: int | None = None,
+        dims: tuple[int, int] = (0, 1),
+        dim: int | None = None,
     ) -> None:
         super().__init__()
-        self.bits, self.rounding, self.block, self.dims = wl, rounding, block, dims
+        if block is not None and dim is not None:
+            raise ValueError("block floating point takes k x k tiles (block) or per-slice exponents (dim), not both")
+        self.bits, self.rounding, self.block, self.dims, self.dim = wl, rounding, block, dims, dim
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.block_floating_point(x, self.bits, self.rounding, self.block, self.dims)
+        return formats.block_floating_point(x, self.bits, self.rounding, self.block, self.dims, self.dim)
 
     def extra_repr(self) -> str:
-        return f"wl={self.bits}, block={self.block}, rounding={self.rounding}"
+        return f"wl={self.bits}, block={self.block}, dim={self.dim}, rounding={self.rounding}"
 
 
 class FloatingPoint(Quantizer):
+    """IEEE float <exp, man> (:func:`~qtrain.quant.formats.floating_point`); ``saturate`` clamps overflow."""
+
     fmt = "float"
 
-    def __init__(self, exp: int, man: int, rounding: Rounding = "nearest") -> None:
+    def __init__(self, exp: int, man: int, rounding: Rounding = "nearest", saturate: bool = False) -> None:
         super().__init__()
-        self.exp, self.man, self.rounding = exp, man, rounding
+        self.exp, self.man, self.rounding, self.saturate = exp, man, rounding, saturate
         self.bits = 1 + exp + man
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.floating_point(x, self.exp, self.man, self.rounding)
+        return formats.floating_point(x, self.exp, self.man, self.rounding, self.saturate)
 
     def extra_repr(self) -> str:
-        return f"exp={self.exp}, man={self.man}, rounding={self.rounding}"
+        return f"exp={self.exp}, man={self.man}, rounding={self.rounding}" + (", saturate=True" if self.saturate else "")

@@ -1,14 +1,27 @@
-"""Rounding onto an integer grid: nearest and stochastic, fused where torch.compile works.
+"""Rounding onto integer grids: nearest and stochastic, exact power-of-two scaling, fused kernels.
 
-Every number format in :mod:`qtrain.quant.formats` reduces to one affine integer grid per row of a
-2-D view of the tensor: ``q = clamp(round(x * scale - zero), qmin, qmax)``, ``out = (q + zero) / scale``.
-This module holds that rounding (:func:`grid_codes`) and :func:`fused`, which runs a format's whole
-computation as one torch.compile kernel (one pass over memory instead of several), eager where
+Every number format in :mod:`qtrain.quant.formats` reduces to an integer grid (per tensor, row,
+block or element): it expresses ``x`` in units of its step, rounds that with :func:`round_codes`,
+clamps the codes and maps them back. This module holds the rounding, :func:`scale_pow2` (exact
+scaling by 2^k without float64 or intermediate overflow) and :func:`fused`, which runs a format's
+whole computation as one torch.compile kernel (one pass over memory instead of several), eager where
 compilation is unavailable.
 
-Stochastic rounding is ``floor(t + u)`` with ``u ~ U[0, 1)`` (METHODS.md, "Common ground"). Drawing
-``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes from a
-counter-based hash instead: a 32-bit integer mixer (``lowbias32``) of the element index XOR a key.
+Nearest rounding is round-half-to-even everywhere, as torch's own casts (``x.half()``,
+``x.bfloat16()``) and ``torch.round`` do. QPyTorch rounds ties half to even in fixed point only: its
+float and block kernels add half a step to the bits and truncate (ties away from zero for floats,
+up for blocks), so tests compare with it off ties only.
+
+Stochastic rounding rounds ``t`` up with probability equal to its fractional part (METHODS.md, "Common
+ground"): ``f = floor(t)``, ``frac = t - f`` (exact in floating point), code ``f + (u < frac)`` with
+``u`` uniform on the 2^24 multiples of 2^-24 in [0, 1). A value on the grid (``frac = 0``) never
+moves and P(up) is ``frac`` to within 2^-24 at any magnitude of ``t``; the textbook ``floor(t + u)``
+rounds the sum before the floor once ``t`` is large, which moves values on the grid and biases P(up).
+
+Drawing ``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes
+from a counter-based hash instead (:func:`uniform_at`): a 32-bit integer mixer (``lowbias32``) of the
+element index XOR a key. Tensors of 2^31 elements or more index with int64 and fold the high 32 bits
+of the index into the key through the same mixer, so their first 2^31 draws equal the int32 path's.
 The key is drawn from torch's default generator at every call, so runs stay reproducible under
 ``torch.manual_seed`` and resume from a saved RNG state. The eager and the compiled path run the
 same integer arithmetic and give bit-identical results.
@@ -26,6 +39,7 @@ import torch
 
 _M2 = 0x846CA68B - (1 << 32)  # the second lowbias32 multiplier as a signed 32-bit value
 _FUSED = {"enabled": True}
+INT32_INDEX_LIMIT = 1 << 31  # tensors with fewer elements index their draws with int32
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -41,11 +55,32 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ ((h >> 16) & 0xFFFF)
 
 
-def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Uniform floats in [0, 1) with 24 random bits each: the hash of each element's index and ``key``."""
-    index = torch.arange(shape.numel(), device=device, dtype=torch.int32).reshape(shape)
+def uniform_at(index: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Uniform floats in [0, 1) with 24 random bits each: the hash of each (int32 or int64) index and ``key``.
+
+    An int64 index splits into its low and high 32 bits; the high bits enter through the key,
+    ``key ^ mix(high)``, and ``mix(0) = 0``, so any index below 2^31 draws the same value on both paths.
+    """
+    if index.dtype == torch.int64:
+        key = key ^ _mix32((index >> 32).to(torch.int32))
+        index = (((index & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000).to(torch.int32)  # low 32 bits, two's complement
     h = _mix32(index ^ key)
     return ((h >> 8) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """:func:`uniform_at` of every element's flat index: int32 indices below 2^31 elements, int64 above."""
+    numel = shape.numel()
+    dtype = torch.int32 if numel < INT32_INDEX_LIMIT else torch.int64
+    return uniform_at(torch.arange(numel, device=device, dtype=dtype).reshape(shape), key)
+
+
+def round_codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
+    """``t`` rounded to integers (as floats): half to even, or up with probability ``t - floor(t)``."""
+    if not stochastic:
+        return torch.round(t)
+    low = torch.floor(t)
+    return torch.where(hashed_uniform(t.shape, key, t.device) < t - low, low + 1, low)
 
 
 def draw_key(device: torch.device) -> torch.Tensor:
@@ -53,22 +88,19 @@ def draw_key(device: torch.device) -> torch.Tensor:
     return torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32).to(device)
 
 
-def grid_codes(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    zero: torch.Tensor,
-    bounds: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    stochastic: bool,
-) -> torch.Tensor:
-    """The integer codes ``clamp(round(x*scale - zero), *bounds)`` (as floats), for use inside fused functions."""
-    t = x * scale - zero
-    if stochastic:
-        t = torch.floor(t + hashed_uniform(t.shape, key, t.device))
-    else:
-        t = torch.round(t)
-    return torch.clamp(t, bounds[0], bounds[1])
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float32 for int32 ``k`` in [-126, 127], built from its exponent bits (exact on every device)."""
+    return ((k + 127) << 23).view(torch.float32)
+
+
+def scale_pow2(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``x * 2^k`` for int32 ``k`` in [-252, 252], exact wherever the result is: two power-of-two steps.
+
+    The halves lie between ``x`` and the result, so no intermediate overflows where the result does
+    not, nor falls into the subnormals where the result is normal; no float64 is needed.
+    """
+    half = k >> 1
+    return x * pow2(half) * pow2(k - half)
 
 
 def set_fused(enabled: bool) -> None:
@@ -92,8 +124,9 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords.
 
     Static arguments must be keyword-only. Tensor arguments are detached and made contiguous, so a
-    compiled kernel is guarded on shapes alone. Where compilation fails the same function runs
-    eagerly from then on, with a warning.
+    compiled kernel is guarded on shapes alone. The whole function must compile as one graph
+    (``fullgraph``) and without contracting ``a * b + c`` into an FMA, so it gives the eager result
+    bit for bit. Where compilation fails the same function runs eagerly from then on, with a warning.
     """
     kernels: dict[tuple, Callable[..., Any]] = {}
 
@@ -104,7 +137,9 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*tensors, **static)
         signature = tuple(sorted(static.items()))
         if signature not in kernels:
-            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True)
+            # no fused multiply-add contraction (Triton's default): the eager ops round each product
+            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True, fullgraph=True,
+                                               options={"emulate_precision_casts": True})
         try:
             return kernels[signature](*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
@@ -118,26 +153,3 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
 def key_for(stochastic: bool, device: torch.device) -> torch.Tensor:
     """A fresh key for stochastic rounding, or a dummy for nearest (no random draw)."""
     return draw_key(device) if stochastic else torch.zeros((), dtype=torch.int32, device=device)
-
-
-@fused
-def _grid_values(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor,
-                 *, stochastic: bool) -> torch.Tensor:
-    return (grid_codes(x, scale, zero, bounds, key, stochastic=stochastic) + zero) / scale
-
-
-def round_to_grid(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    zero: torch.Tensor,
-    qmin: float,
-    qmax: float,
-    stochastic: bool,
-) -> torch.Tensor:
-    """Round each row of ``x`` (2-D) onto ``(clamp(round(x*scale - zero), qmin, qmax) + zero) / scale``.
-
-    ``scale`` and ``zero`` hold one value per row (shape ``(rows, 1)``, or ``(1, 1)`` for all rows).
-    Nearest rounding is round-half-to-even, as in QPyTorch's fixed point.
-    """
-    bounds = torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
-    return _grid_values(x, scale, zero, bounds, key_for(stochastic, x.device), stochastic=stochastic)
