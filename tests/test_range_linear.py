@@ -107,3 +107,31 @@ def test_nan_stays_nan_and_inf_saturates_to_the_ends_of_the_finite_range(roundin
     out, lo, hi = formats.range_linear_from_data(rows, 2, "channel", rounding)
     assert torch.allclose(out, torch.stack([expected, expected.flip(0)]), equal_nan=True)
     assert torch.isnan(formats.range_linear_from_data(torch.tensor([nan, nan]), 8, "tensor")[0]).all()
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "sample_mean"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_per_sample_bits_share_one_range_and_match_quantizing_each_sample_alone(granularity, fused):
+    from qtrain.quant import rounding
+
+    torch.manual_seed(5)
+    x = torch.randn(6, 3, 4, 4) * torch.tensor([1.0, 7, 0.2, 3, 1, 0.5]).view(6, 1, 1, 1)
+    bits = torch.tensor([2, 8, 4, 2, 6, 8])
+    rounding.set_fused(fused)
+    out, lo, hi, compact = formats.range_linear_codes(x, bits, granularity, "nearest", max_bits=8)
+    rounding.set_fused(False)
+    ref_lo, ref_hi = formats.tensor_range(x, granularity)
+    assert torch.equal(lo, ref_lo) and torch.equal(hi, ref_hi) and lo.shape == (1, 1)
+    alone = torch.cat([formats.range_linear(x[n:n + 1], int(b), lo, hi) for n, b in enumerate(bits.tolist())])
+    assert torch.equal(out, alone)
+    assert compact[0].dtype == torch.uint8 and torch.equal(formats.decode_codes(compact, x.shape), out)
+    assert torch.equal(formats.range_linear_from_data(x, bits, granularity)[0], out)
+    assert torch.equal(formats.range_linear(x, bits, lo, hi), out)
+
+
+def test_per_sample_bits_need_one_range_and_a_code_width():
+    x, bits = torch.randn(2, 5), torch.tensor([2, 4])
+    with pytest.raises(ValueError, match="granularity 'tensor' or 'sample_mean'"):
+        formats.range_linear_from_data(x, bits, "channel")
+    with pytest.raises(ValueError, match="max_bits"):
+        formats.range_linear_codes(x, bits, "tensor")
