@@ -327,4 +327,19 @@ def test_mobilenetv2_depthwise_convs_hold_their_activation_and_gradient_bits():
             assert (bits.weight, bits.act, bits.grad, bits.grad_weight) == (4, 8, 16, 16)
     sbm = build_method(make_config("method=sbm").method)
     model = sbm.prepare(build_model("mobilenetv2", 3, 10, (8, 8)))
-    assert model.blocks[3].body[3].quant.grad.bits == 16 and model.blocks[3].body[0].quant.grad.bits == 8
+    assert model.blocks[3].conv2.quant.grad.bits == 16 and model.blocks[3].conv1.quant.grad.bits == 8
+
+
+def test_permuting_rows_has_the_gradient_of_indexing():
+    from qtrain.methods.gates import _PermuteRows
+
+    torch.manual_seed(4)
+    x = torch.randn(7, 3, 2, requires_grad=True)
+    order = torch.randperm(7)
+    g = torch.randn(7, 3, 2)
+    (x[order] * g).sum().backward()
+    expected, x.grad = x.grad.clone(), None
+    out = _PermuteRows.apply(x, order, torch.argsort(order))
+    assert torch.equal(out, x[order])
+    (out * g).sum().backward()
+    assert torch.equal(x.grad, expected)

@@ -45,8 +45,12 @@ def test_mobilenetv2_cifar_layout():
     model = build_model("mobilenetv2", 3, 100, (32, 32))
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
     blocks = list(model.blocks)
-    # MobileNetV2's table: 1+2+3+4+3+3+1 inverted residual blocks; a residual wherever stride 1 keeps the width
+    # MobileNetV2's table: 1+2+3+4+3+3+1 inverted residual blocks; as in FracTrain's reference code, every
+    # stride-1 block is residual: 10 keep the width, 4 change it through a 1x1 projection shortcut
     assert len(blocks) == 17 and sum(b.identity for b in blocks) == 10
+    projected = [(b.conv1.in_channels, b.conv3.out_channels) for b in blocks if b.projection_name is not None]
+    assert projected == [(32, 16), (16, 24), (64, 96), (160, 320)]
+    assert blocks[0].conv1.out_channels == 32  # the expansion conv is there even at expansion 1
     depthwise = [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
     assert len(depthwise) == 17 and all(m.groups == m.in_channels == m.out_channels for m in depthwise)
     # CIFAR strides: 32x32 in, three stride-2 stages, 4x4 at the last block

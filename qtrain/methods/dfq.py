@@ -10,14 +10,18 @@ a layer share its quantized weight, one GEMM and one activation/gradient range, 
 at its own option's bits. Depthwise convolutions are held at ``depthwise_bits`` (activations FW-8,
 gradients BW-16; weights at ``weight_bits``, as in the reference). Layers outside the blocks (the
 stem convolution, MobileNetV2's last 1x1 convolution, the classifier) run in float32 as in the
-reference (``outside: null``), or at ``outside: {fw, bw}``. The gates run in float32. Activation
+reference (``outside: null``), or at ``outside: {fw, bw}`` (weights, as everywhere, at ``weight_bits``).
+The gates run in float32. Activation
 ranges: the tensor's global min/max (the reference's ``reduce_type='extreme'``) with the running
 average the reference keeps for evaluation (``act_momentum``, its weight on the old value).
 
 Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
 gated block, in units of an average gated block's float32 forward MACs: the reference code's unit
-(its per-block cost fractions, weighted by the block's MACs relative to the mean), so the default
-``beta = 1e-3`` exerts the reference's pressure. Its sign follows the measured cp: +beta at or above
+(per sample and block, the block's GEMM cost fractions times its FLOPs over the mean block's), so the
+default ``beta = 1e-3`` exerts the reference's pressure. The reference weighs blocks by their FLOPs for
+MobileNetV2 only and counts every ResNet block as one (its ``conv_info`` defaults to ones); qtrain
+weighs every block by its MACs, the paper's cost, so a ResNet downsampling block (about 0.78 of a
+plain one) weighs a little less than in the reference. Its sign follows the measured cp: +beta at or above
 the target, -beta below, so cp settles at the target (Algorithm 2, line 5). The controller's ``cp`` is
 in percent of float32 over ``cp_scope``: ``blocks`` (the reference: the gated blocks' cost over their
 float32 cost; the float32 stem, classifier and gates are not counted) or ``model`` (the whole model,
@@ -30,7 +34,11 @@ nothing, qtrain charges the float32 projection it runs. ``skip_downsample: never
 option of those blocks out. Departures from the reference code: it runs every option on every sample
 and mixes them (``execution: mix_all`` here, K times the work; ``per_sample`` runs each sample once),
 and its CIFAR script hard-codes options 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, where the paper's
-appendix F lists the options of the model configs (``dfq_options``).
+appendix F lists the options of the model configs (``dfq_options``), FW-0/BW-0 meaning a skip (the
+reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32). The
+reference charges MobileNetV2's depthwise convolutions as a constant at 8-bit weights and adds that
+quantized cost to cp's denominator; qtrain charges them inside their block, at ``weight_bits``
+weights, only when the block runs, against their float32 cost.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Every gated block has its own light embedding of its input (global average pool,
 ``width`` channels, ReLU, 1x1 conv to ``embed``); one LSTM cell shared by all blocks carries its
 state from block to block within a forward pass (reset at each forward) and a shared linear layer
 maps it to one logit per precision option. The widths follow the reference code: 32/16 with a
-16-unit cell for ResNet, 64/32 with a 32-unit cell for MobileNetV2 (the model config's ``dfq_gate``).
+16-unit cell for ResNet, 64/32 with a 32-unit cell for MobileNetV2 (the model config's ``dfq_gate``),
+and so does the initialization of the embedding convolutions and the projection (normal, standard
+deviation ``sqrt(2 / n)`` with ``n`` = kernel area x output channels, or inputs x outputs).
 The softmax's argmax picks each sample's option; the straight-through gate
 ``g = onehot + (p - p.detach())`` is exactly 1 for the chosen option in the forward pass and passes
 the gradient to the probabilities.
@@ -37,6 +39,26 @@ from qtrain.models.blocks import Block
 from qtrain.quant.layers import set_sample_bits
 
 
+def reference_init(layer: nn.Conv2d | nn.Linear) -> None:
+    """The reference code's weight initialization of its gate layers (biases keep torch's default)."""
+    n = layer.kernel_size[0] * layer.kernel_size[1] * layer.out_channels if isinstance(layer, nn.Conv2d) else \
+        layer.in_features * layer.out_features
+    nn.init.normal_(layer.weight, 0.0, (2.0 / n) ** 0.5)
+
+
+class _PermuteRows(torch.autograd.Function):
+    """``x[order]`` whose backward gathers with the inverse order (advanced indexing scatters, slowly)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.inverse = inverse
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad.index_select(0, ctx.inverse), None, None
+
+
 class GateController(nn.Module):
     """The LSTM cell and projection that all gates share, and the recurrent state of one forward pass."""
 
@@ -44,6 +66,7 @@ class GateController(nn.Module):
         super().__init__()
         self.cell = nn.LSTMCell(embed, hidden)
         self.proj = nn.Linear(hidden, options)
+        reference_init(self.proj)
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.forced: int | None = None  # every sample takes this option where its block allows (cost profiling)
 
@@ -64,6 +87,8 @@ class GatedBlock(nn.Module):
         super().__init__()
         self.block = block
         self.embed = nn.Sequential(nn.Conv2d(in_channels, width, 1), nn.ReLU(inplace=True), nn.Conv2d(width, embed, 1))
+        reference_init(self.embed[0])
+        reference_init(self.embed[2])
         self.shared = (controller,)  # a tuple, so the shared controller is registered once, on the model
         self.skip = has_skip  # option 0 is the skip
         # how a skipped sample passes: unchanged, through the float32 projection shortcut, or not at all
@@ -115,16 +140,16 @@ class GatedBlock(nn.Module):
     def _per_sample(self, x: torch.Tensor, gates: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
         chosen = gates.gather(1, choice[:, None]).view(-1, *([1] * (x.dim() - 1)))
         first = int(self.skip)
-        ran = choice >= first
-        runs = int(ran.sum())
-        if runs == len(x):
+        skipped = int((choice < first).sum())
+        if not skipped:
             return self._run(x, choice - first) * chosen
-        ran_index, skip_index = ran.nonzero().squeeze(1), (~ran).nonzero().squeeze(1)
-        parts = [self._skipped(x[skip_index])]
-        if runs:
-            parts.append(self._run(x[ran_index], choice[ran_index] - first))
-        out = torch.cat(parts)[torch.argsort(torch.cat([skip_index, ran_index]))]
-        return out * chosen
+        order = torch.argsort(choice >= first, stable=True)  # the skipping samples first, then the running ones
+        inverse = torch.argsort(order)
+        ordered = _PermuteRows.apply(x, order, inverse)
+        parts = [self._skipped(ordered[:skipped])]
+        if skipped < len(x):
+            parts.append(self._run(ordered[skipped:], choice[order[skipped:]] - first))
+        return _PermuteRows.apply(torch.cat(parts), inverse, order) * chosen
 
     def _mix_all(self, x: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * (x.dim() - 1)))

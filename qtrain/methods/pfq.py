@@ -14,8 +14,9 @@ range is the tensor's global min/max (``act_range: tensor``, its ``reduce_type='
 running average of weight 0.9 on the old value for evaluation (``act_momentum``); the stem is
 quantized and the classifier stays float32 (``first_layer: quantized``, ``last_layer: float32``).
 Departures: the reference's indicator counts an "epoch" as 400 iterations and the loss as their mean,
-qtrain uses data epochs; its MobileNetV2 keeps the weights of some layers in float32 unless a weight
-precision is passed, qtrain quantizes every weight at the stage's FW bits, as the paper describes.
+qtrain uses data epochs; its MobileNetV2 keeps every convolution's weights in float32 unless a weight
+precision is passed, while qtrain quantizes weights at the stage's FW bits (depthwise ones held at
+``depthwise_bits``), as the paper describes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ The indicator (METHODS.md): keep the losses of the current stage's last ``window
 ``L_scale`` the mean loss of the first ``scale_epochs`` epochs of training (of those seen so far,
 while fewer have passed), ``d_i = |L_i - L_now| / L_scale`` over the earlier losses of the window;
 switch when every ``d_i <= epsilon``, then ``epsilon <- epsilon * alpha`` and clear the window, so
-consecutive turning points are at least ``window`` epochs apart.
+consecutive turning points are at least ``window`` epochs apart. The reference code decays epsilon at
+its first two turning points only; that is the same for schedules of up to four stages (three turning
+points), and qtrain decays it at every one, as Algorithm 1 does.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """MobileNetV2 (Sandler et al., 2018) for 32x32 inputs, the CIFAR variant FracTrain trains (Sec. 4.2, Table 1).
 
-ImageNet's layout with the strides adapted to CIFAR: the stem is a stride-1 3x3 convolution and
-the second stage keeps stride 1, so a 32x32 input reaches the last stage at 4x4. Inverted residual
-blocks: 1x1 expansion, 3x3 depthwise, 1x1 linear projection, with a residual connection where the
-shape allows. The depthwise convolutions are what the quantized methods hold at FW-8/BW-16.
+The paper takes its MobileNetV2 from E2-Train; the layout here is the reference code's
+(GATECH-EIC/FracTrain ``fractrain_cifar/models.py``, the widely used CIFAR MobileNetV2): ImageNet's
+stages with CIFAR strides (a stride-1 3x3 stem and a stride-1 second stage, so a 32x32 input reaches
+the last stage at 4x4), inverted residual blocks of a 1x1 expansion (built also where the expansion
+is 1), a 3x3 depthwise and a 1x1 linear projection, with ReLU. Every stride-1 block is residual: a
+block that keeps the width adds its input, one that changes it adds a 1x1 convolution of its input
+(with batch norm), the projection shortcut that DFQ's skip runs. Stride-2 blocks have no residual.
+Weights keep PyTorch's default initialization, as in the reference. The depthwise convolutions are
+what the quantized methods hold at FW-8/BW-16.
 """
 
 from __future__ import annotations
@@ -18,25 +23,32 @@ from qtrain.models.blocks import Block
 STAGES = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
 
-def _conv_bn(in_planes: int, planes: int, kernel: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
-    return [nn.Conv2d(in_planes, planes, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(planes)]
-
-
 class InvertedResidual(Block):
     def __init__(self, in_planes: int, planes: int, expansion: int, stride: int) -> None:
         super().__init__()
         hidden = in_planes * expansion
+        self.stride = stride
         self.identity = stride == 1 and in_planes == planes
-        expand = [*_conv_bn(in_planes, hidden, 1), nn.ReLU6(inplace=True)] if expansion != 1 else []
-        self.body = nn.Sequential(
-            *expand,
-            *_conv_bn(hidden, hidden, 3, stride, groups=hidden), nn.ReLU6(inplace=True),
-            *_conv_bn(hidden, planes, 1),
-        )
+        self.conv1 = nn.Conv2d(in_planes, hidden, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(hidden)
+        self.conv2 = nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False)
+        self.bn2 = nn.BatchNorm2d(hidden)
+        self.conv3 = nn.Conv2d(hidden, planes, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride == 1 and in_planes != planes:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, bias=False), nn.BatchNorm2d(planes))
+            self.projection_name = "shortcut.0"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.body(x)
-        return out + x if self.identity else out
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return out + self.shortcut(x) if self.stride == 1 else out
+
+    def projection(self, x: torch.Tensor) -> torch.Tensor:
+        conv, bn = self.shortcut
+        return bn(nn.Conv2d.forward(conv, x))  # the plain convolution, also where conv is a quantized layer
 
 
 class MobileNetV2CIFAR(nn.Module):
@@ -45,18 +57,15 @@ class MobileNetV2CIFAR(nn.Module):
     def __init__(self, in_channels: int = 3, num_classes: int = 10, input_size: int = 32) -> None:
         """``input_size`` is accepted for a uniform model signature; pooling makes any size work."""
         super().__init__()
-        self.stem = nn.Sequential(*_conv_bn(in_channels, 32, 3), nn.ReLU6(inplace=True))
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True))
         blocks, in_planes = [], 32
         for expansion, planes, n, stride in STAGES:
             for i in range(n):
                 blocks.append(InvertedResidual(in_planes, planes, expansion, stride if i == 0 else 1))
                 in_planes = planes
         self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Sequential(*_conv_bn(in_planes, 1280, 1), nn.ReLU6(inplace=True))
+        self.head = nn.Sequential(nn.Conv2d(in_planes, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU(inplace=True))
         self.fc = nn.Linear(1280, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.head(self.blocks(self.stem(x)))
