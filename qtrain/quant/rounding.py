@@ -138,8 +138,11 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
         signature = tuple(sorted(static.items()))
         if signature not in kernels:
             # no fused multiply-add contraction (Triton's default): the eager ops round each product
+            # the thread count is fixed into the generated code: naming it keys inductor's cache on it, so a
+            # kernel compiled by a single-threaded process is not reused serially by a multi-threaded one
             kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True, fullgraph=True,
-                                               options={"emulate_precision_casts": True})
+                                               options={"emulate_precision_casts": True,
+                                                        "cpp.threads": torch.get_num_threads()})
         try:
             return kernels[signature](*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
