@@ -22,7 +22,7 @@ TINY = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=fal
 
 @pytest.fixture(autouse=True)
 def eager_quantizers():
-    """Tests run the eager kernel unless they ask for the fused one (fast to start; not bit-identical to it)."""
+    """Tests run the eager kernel unless they ask for the fused one (no compile; the same bits, test_run checks)."""
     set_fused(False)
     yield
     set_fused(False)

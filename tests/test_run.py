@@ -268,3 +268,14 @@ def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
     start = run(make_config(*TINY, "train.epochs=1", f"train.init_from={tmp_path / 'pre'}"), tmp_path / "z")
     scratch = run(make_config(*TINY, "train.epochs=1"), tmp_path / "s")
     assert start["final"]["train_loss"] < scratch["final"]["train_loss"]
+
+
+@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain"])
+def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
+    # fused stays part of a run's identity (another kernel, another run); its results must not differ
+    overrides = [*TINY, f"method={method}", "train.epochs=1"]
+    run(make_config(*overrides, "fused=true"), tmp_path / "fused")
+    run(make_config(*overrides), tmp_path / "eager")
+    pd.testing.assert_frame_equal(_metrics(tmp_path / "fused"), _metrics(tmp_path / "eager"), check_exact=True)
+    fused, eager = (torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"] for name in ("fused", "eager"))
+    assert fused.keys() == eager.keys() and all(torch.equal(fused[k], eager[k]) for k in fused)
