@@ -3,8 +3,9 @@
 Models mark their blocks by subclassing :class:`Block`. ``identity`` says whether the block's input
 and output have the same shape, so that skipping it (DFQ's FW-0/BW-0 option, SkipNet's skip) is the
 identity. A block that changes the shape can be skipped only through its projection shortcut, as
-SkipNet and FracTrain's reference code do (``projection``, where ``projection_name`` names the
-shortcut's convolution inside the block); one without a projection must always run.
+SkipNet and FracTrain's reference code do (``projection``: where ``projection_name`` is set, the block's
+``shortcut`` is a 1x1 convolution followed by batch norm, and ``projection_name`` names that
+convolution); one without a projection must always run.
 """
 
 from __future__ import annotations
@@ -19,4 +20,7 @@ class Block(nn.Module):
 
     def projection(self, x: torch.Tensor) -> torch.Tensor:
         """The block's projection shortcut alone, run in float32 (only where ``projection_name`` is set)."""
-        raise NotImplementedError(f"{type(self).__name__} has no projection shortcut")
+        if self.projection_name is None:
+            raise NotImplementedError(f"{type(self).__name__} has no projection shortcut")
+        conv, bn = self.shortcut
+        return bn(nn.Conv2d.forward(conv, x))  # the plain convolution, also where conv is a quantized layer

@@ -46,10 +46,6 @@ class InvertedResidual(Block):
         out = self.bn3(self.conv3(out))
         return out + self.shortcut(x) if self.stride == 1 else out
 
-    def projection(self, x: torch.Tensor) -> torch.Tensor:
-        conv, bn = self.shortcut
-        return bn(nn.Conv2d.forward(conv, x))  # the plain convolution, also where conv is a quantized layer
-
 
 class MobileNetV2CIFAR(nn.Module):
     min_input_size = 1

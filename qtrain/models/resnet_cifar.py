@@ -32,10 +32,6 @@ class BasicBlock(Block):
         out = self.bn2(self.conv2(out))
         return F.relu(out + self.shortcut(x))
 
-    def projection(self, x: torch.Tensor) -> torch.Tensor:
-        conv, bn = self.shortcut
-        return bn(nn.Conv2d.forward(conv, x))  # the plain convolution, also where conv is a quantized layer
-
 
 class ResNetCIFAR(nn.Module):
     min_input_size = 1
