@@ -84,10 +84,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report_only:
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
-        # Longest runs first, so parallel streams finish close together.
-        order = ["fractrain", "dfq", "sbm", "pfq", "float32"]
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda m: train(m, RUNS[m][1], args.root, threads), order))
+        with ThreadPoolExecutor(args.jobs) as pool:  # RUNS reversed: the longest runs first
+            list(pool.map(lambda m: train(m, RUNS[m][1], args.root, threads), reversed(RUNS)))
     table = pd.DataFrame([row(method, setting, RUNS_DIR / method) for method, (setting, _) in RUNS.items()])
     sbm = float(table.loc[table.method == "sbm", "percent_of_float32"].iloc[0])
     table["savings_vs_sbm_percent"] = (100 * (1 - table["percent_of_float32"] / sbm)).round(1)
