@@ -85,7 +85,13 @@ class EpochPrecision:
 
 @torch.no_grad()
 def weight_density(layer: nn.Module) -> float:
-    """Share of non-zero weights in what the forward pass sees (the quantized copy, where there is one)."""
+    """Share of non-zero weights in what the forward pass sees (the quantized copy, where there is one).
+
+    A weight quantizer that tracks the density of its last output is read rather than run again.
+    """
+    tracked = getattr(getattr(getattr(layer, "quant", None), "weight", None), "density", None)
+    if tracked is not None:
+        return float(tracked)
     if hasattr(layer, "quantized_weight"):
         weights = [layer.quantized_weight()]
     else:
@@ -93,14 +99,18 @@ def weight_density(layer: nn.Module) -> float:
     return sum(w.count_nonzero().item() for w in weights) / sum(w.numel() for w in weights)
 
 
-def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[str, nn.Module]) -> list[dict]:
-    """precision.csv rows: one per layer and precision option, with its share and the weight density."""
+def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[str, nn.Module],
+                   extra: dict[str, dict] | None = None) -> list[dict]:
+    """precision.csv epoch rows: one per layer and precision option, with its share and the weight density.
+
+    ``extra`` adds a method's columns to each layer's rows (AdaPT's format, lookback and resolution).
+    """
     rows = []
     for name, layer in layers.items():
         entry = record.get(name, FLOAT32_LAYER)
         density = weight_density(layer)
         for share, bits in entry.options:
-            rows.append({"epoch": epoch, "step": step, "layer": name, "format": entry.fmt, "share": share,
-                         "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
-                         "grad_weight_bits": bits.grad_weight, "density": density})
+            rows.append({"epoch": epoch, "step": step, "layer": name, "event": "epoch", "format": entry.fmt,
+                         "share": share, "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
+                         "grad_weight_bits": bits.grad_weight, "density": density, **(extra or {}).get(name, {})})
     return rows

@@ -42,7 +42,7 @@ from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, gemm_layers
 from qtrain.data import DATASETS, BatchStream, load_data
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
-from qtrain.methods import Method, build_method
+from qtrain.methods import Method, RunFacts, build_method
 from qtrain.models import MODELS, build_model
 from qtrain.optim import build_optimizer, build_scheduler
 from qtrain.precision import precision_rows
@@ -166,9 +166,10 @@ def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> st
                            "or choose another directory with hydra.run.dir=DIR")
 
 
-def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, status: str, device: torch.device,
+def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Method, status: str, device: torch.device,
               diverged: Diverged | None = None) -> dict[str, Any]:
     last = progress.history[-1] if progress.history else {}
+    report = method.report(progress.epoch)
     f32 = meter.float32_total()
     ident = identity(cfg)
     return {
@@ -184,6 +185,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, status: str
             "percent_of_float32": meter.percent_of_float32(),
             "savings_percent": 100.0 - meter.percent_of_float32() if f32 else 0.0,
         },
+        **({method.name: report} if report else {}),
         "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step, "loss": diverged.loss},
         "wall_seconds": progress.elapsed,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
@@ -263,10 +265,11 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
                               f"({cfg.model.name}, {data.num_classes} classes; pre-train a float32 run of the same model "
                               "with the same number of classes)")
         model.load_state_dict(plan.initial)
-    model = method.prepare(model)
+    model = method.prepare(model).to(device)  # what prepare added (quantizer buffers, gates) joins the model's device
     meter = CostMeter(method.profile(model, train_split.images[:2].float()))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
+    method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, len(train_split.labels)))
     augment = cfg.data.augment
     trainer = Trainer(
         model, method, optimizer, scheduler, meter,
@@ -277,10 +280,10 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     precision_log: list[dict] = []
 
     if checkpoint is not None:
+        method.load_state_dict(checkpoint["method"])  # first: a method's stage may decide which quantizers the model holds
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        method.load_state_dict(checkpoint["method"])
         meter.load_state_dict(checkpoint["meter"])
         trainer.progress = Progress(**checkpoint["progress"])
         precision_log = checkpoint["precision_log"]
@@ -291,7 +294,9 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     ident = identity(cfg)
 
     def end_epoch(progress: Progress) -> None:
-        precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers))
+        precision_log.extend(method.drain_switch_rows())
+        precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers,
+                                            method.layer_columns()))
         files.write_table(METRICS, pd.DataFrame(progress.history))
         files.write_table(PRECISION, pd.DataFrame(precision_log))
         files.write_table(COST, meter.table())
@@ -308,8 +313,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     try:
         trainer.fit(end_epoch)
     except Diverged as err:
-        files.write_summary(summarize(cfg, trainer.progress, meter, "diverged", device, err))
+        files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err))
         raise
-    summary = summarize(cfg, trainer.progress, meter, "completed", device)
+    summary = summarize(cfg, trainer.progress, meter, method, "completed", device)
     files.write_summary(summary)
     return summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from qtrain.errors import ConfigError
-from qtrain.methods.base import Method, StepInfo
+from qtrain.methods.base import Method, RunFacts, StepInfo
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.float32 import Float32
 from qtrain.methods.fractrain import FracTrain
@@ -22,4 +22,4 @@ def build_method(cfg: DictConfig) -> Method:
     return METHODS[cfg.name](cfg)
 
 
-__all__ = ["METHODS", "Method", "StepInfo", "build_method"]
+__all__ = ["METHODS", "Method", "RunFacts", "StepInfo", "build_method"]

@@ -18,6 +18,15 @@ from qtrain.errors import ConfigError
 from qtrain.precision import PrecisionRecord
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What a method may need to know of the run: micro-batch size, accumulation, training-set size."""
+
+    batch_size: int
+    accum_steps: int
+    samples_per_epoch: int
+
+
 @dataclass
 class StepInfo:
     """Where the trainer is: epoch, optimizer step, and the micro-batch's sample count."""
@@ -37,6 +46,36 @@ def check_bits(cfg: DictConfig, *keys: str, low: int = 1, high: int = 32, prefix
                                   f"bit-widths are integers from {low} to {high}")
 
 
+def check_positive(cfg: DictConfig, key: str, high: float | None = None) -> None:
+    """A number > 0 (and <= ``high``), or a non-empty list of them."""
+    values = cfg[key] if isinstance(cfg[key], ListConfig) else [cfg[key]]
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= (high or float("inf"))
+                         for v in values):
+        shown = list(cfg[key]) if isinstance(cfg[key], ListConfig) else cfg[key]
+        bound = f"in (0, {high:g}]" if high else "> 0"
+        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number {bound} (or a non-empty list of them)")
+
+
+def check_choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    if cfg[key] not in allowed:
+        raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed (choose from: {', '.join(allowed)})")
+
+
+def check_int(cfg: DictConfig, key: str, low: int, high: int | None = None, prefix: str = "method.") -> None:
+    """An integer in [low, high] (no upper bound where ``high`` is None)."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise ConfigError(f"{prefix}{key}={value!r} is not allowed: it must be an integer {bound}")
+
+
+def check_number(cfg: DictConfig, key: str, low: float, high: float, prefix: str = "method.") -> None:
+    """A number in [low, high]."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(f"{prefix}{key}={value!r} is not allowed: it must be a number from {low:g} to {high:g}")
+
+
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, ListConfig) else value
 
@@ -52,6 +91,9 @@ class Method:
     def prepare(self, model: nn.Module) -> nn.Module:
         """Swap layers for quantized ones, add gates; called once before the optimizer is built."""
         return model
+
+    def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
+        """Called once the optimizer exists (before a resume loads state): a method that sets the learning rate keeps it."""
 
     def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
         """MACs per sample of every costed layer (called once after :meth:`prepare`, in eval mode)."""
@@ -72,6 +114,18 @@ class Method:
 
     def precision(self) -> PrecisionRecord:
         """The current per-layer precision; layers absent from it are float32."""
+        return {}
+
+    def layer_columns(self) -> dict[str, dict[str, Any]]:
+        """Extra precision.csv columns of each layer's epoch rows (its state at the epoch's end)."""
+        return {}
+
+    def drain_switch_rows(self) -> list[dict[str, Any]]:
+        """precision.csv rows of the precision switches since the last call (``event: switch``)."""
+        return []
+
+    def report(self, epochs: int) -> dict[str, Any]:
+        """Figures for summary.json under the method's name after ``epochs`` epochs (empty: nothing to add)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

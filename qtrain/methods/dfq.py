@@ -52,7 +52,7 @@ from torch import nn
 
 from qtrain.cost.profile import profile_macs
 from qtrain.errors import ConfigError
-from qtrain.methods.base import Method, StepInfo, check_bits
+from qtrain.methods.base import Method, StepInfo, check_bits, check_choice, check_positive
 from qtrain.methods.gates import GateController, GatedBlock
 from qtrain.methods.sbm import check_range_linear, is_depthwise, range_linear_quantizers, uniform_record
 from qtrain.models.blocks import Block
@@ -63,21 +63,6 @@ from qtrain.quant.quantizers import RangeLinear
 EXECUTIONS = ("per_sample", "mix_all")
 CP_SCOPES = ("blocks", "model")
 SKIP_DOWNSAMPLE = ("projection", "never")
-
-
-def check_positive(cfg: DictConfig, key: str, high: float | None = None) -> None:
-    """A number > 0 (and <= ``high``), or a non-empty list of them."""
-    values = cfg[key] if isinstance(cfg[key], ListConfig) else [cfg[key]]
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= (high or float("inf"))
-                         for v in values):
-        shown = list(cfg[key]) if isinstance(cfg[key], ListConfig) else cfg[key]
-        bound = f"in (0, {high:g}]" if high else "> 0"
-        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number {bound} (or a non-empty list of them)")
-
-
-def check_choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    if cfg[key] not in allowed:
-        raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed (choose from: {', '.join(allowed)})")
 
 
 def parse_options(options: Any) -> list[tuple[int, int]]:

@@ -19,7 +19,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from qtrain.errors import ConfigError
-from qtrain.methods.dfq import DFQ, check_positive
+from qtrain.methods.base import check_positive
+from qtrain.methods.dfq import DFQ
 from qtrain.methods.progressive import StageSchedule
 
 

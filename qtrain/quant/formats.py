@@ -42,9 +42,9 @@ def _stochastic(rounding: Rounding) -> bool:
     return rounding == "stochastic"
 
 
-@fused
-def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
-                 clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def _fixed_point_math(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
+                      clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Fixed point of ``x`` at ``scale`` (2^FL) and ``bounds`` (the code range), broadcast against each other."""
     t = x * scale
     codes = round_codes(t, key, stochastic=stochastic)
     if clamp:
@@ -54,6 +54,21 @@ def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key
     if not mask:
         return out
     return out, ~((codes < bounds[0]) | (codes > bounds[1]))
+
+
+# Two kernels of one computation, so that neither recompiles for the other's shapes: a flat tensor at one
+# format, and a (1, n) tensor at a column of formats (AdaPT's PushDown candidates).
+_fixed_point_flat = fused(_fixed_point_math)
+_fixed_point_rows = fused(_fixed_point_math)
+
+
+def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
+                 clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_fixed_point_math` on ``x`` flattened (the same element indices, so the same stochastic draws)."""
+    out = _fixed_point_flat(x.reshape(-1), scale, bounds, key, stochastic=stochastic, clamp=clamp, mask=mask)
+    if mask:
+        return out[0].view(x.shape), out[1].view(x.shape)
+    return out.view(x.shape)
 
 
 def _fixed_args(x: torch.Tensor, wl: int, fl: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +103,58 @@ def fixed_point_with_mask(
     stochastic = _stochastic(rounding)
     scale, bounds = _fixed_args(x, wl, fl, symmetric)
     return _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=True, mask=True)
+
+
+def fixed_point_candidates(
+    x: torch.Tensor, wl: torch.Tensor, fl: torch.Tensor, rounding: Rounding = "stochastic"
+) -> torch.Tensor:
+    """``x`` quantized at every <wl[i], fl[i]> at once: a ``(len(wl), x.numel())`` tensor, row i in <wl[i], fl[i]>.
+
+    One batched kernel for a search over formats (AdaPT's PushDown); each row equals
+    :func:`fixed_point` of ``x`` at its format (clamped), with one stochastic draw for the whole batch.
+    """
+    stochastic = _stochastic(rounding)
+    fl = fl.to(torch.int32).reshape(-1, 1)
+    half = scale_pow2(torch.ones_like(fl, dtype=x.dtype), wl.to(torch.int32).reshape(-1, 1) - 1)
+    scale = scale_pow2(torch.ones_like(fl, dtype=x.dtype), fl)
+    bounds = torch.stack([-half, half - 1])
+    return _fixed_point_rows(x.reshape(1, -1), scale, bounds, key_for(stochastic, x.device),
+                             stochastic=stochastic, clamp=True, mask=False)
+
+
+def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:
+    """MuPPET's scale exponent (METHODS.md, "MuPPET"; AdaPT paper Sec. 2.2) as an int32 tensor.
+
+    ``s = floor(log2(min((UB + 0.5) / max X, (LB - 0.5) / min X)))`` with ``UB = 2^(wl-1) - 1`` and
+    ``LB = -2^(wl-1)``, over the finite values of ``x``: the largest power-of-two scale at which the
+    tensor's extremes still round inside the ``wl``-bit range. A term whose extreme has the wrong sign
+    (no positive or no negative values) does not bound it; a tensor of zeros gets ``s = 0``. ``s`` is
+    kept in [-126, 126] so that ``2^s`` is a normal float32. The floor is exact: it is read from
+    the exponent bits of the (rounded) quotient.
+    """
+    lo, hi = _finite_bounds(x.detach().reshape(1, -1))
+    half_range = 2.0 ** (wl - 1)
+    upper = torch.where(hi > 0, (half_range - 0.5) / hi, math.inf)
+    lower = torch.where(lo < 0, (-half_range - 0.5) / lo, math.inf)
+    bound = torch.minimum(upper, lower).reshape(())
+    fl = torch.where(bound < math.inf, torch.frexp(bound).exponent - 1, 126)  # inf: the quotient overflowed
+    return torch.where((hi > 0) | (lo < 0), fl, 0).reshape(()).clamp(-126, 126).to(torch.int32)
+
+
+def dynamic_fixed_point(x: torch.Tensor, wl: int, rounding: Rounding = "stochastic") -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed point <``wl``, s> with ``s`` from :func:`dynamic_fixed_point_fl` (MuPPET); returns the tensor and ``s``.
+
+    MuPPET's ``round(x * 2^s + U(-0.5, 0.5))`` is stochastic rounding (up with probability equal to
+    the fraction), clamped to the ``wl``-bit range.
+    """
+    if x.numel() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int32, device=x.device)
+    stochastic = _stochastic(rounding)
+    fl = dynamic_fixed_point_fl(x, wl)
+    scale = scale_pow2(torch.ones((), dtype=x.dtype, device=x.device), fl)
+    bounds = torch.tensor([-(2.0 ** (wl - 1)), 2.0 ** (wl - 1) - 1], dtype=x.dtype, device=x.device)
+    out = _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=True, mask=False)
+    return out, fl
 
 
 def _rows(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:

@@ -106,6 +106,28 @@ class FixedPoint(Quantizer):
         return f"wl={self.bits}, fl={self.fl}, rounding={self.rounding}{extra}"
 
 
+class DynamicFixedPoint(Quantizer):
+    """MuPPET's dynamic fixed point: ``wl`` bits, the scale 2^fl recomputed from each tensor it quantizes.
+
+    ``fl`` (a buffer) holds the scale exponent of the last tensor, for the precision log.
+    """
+
+    fmt = "dynamic-fixed"
+
+    def __init__(self, wl: int, rounding: Rounding = "stochastic") -> None:
+        super().__init__()
+        self.bits, self.rounding = wl, rounding
+        self.register_buffer("fl", torch.zeros((), dtype=torch.int32))
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        out, fl = formats.dynamic_fixed_point(x, self.bits, self.rounding)
+        self.fl.copy_(fl)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"wl={self.bits}, rounding={self.rounding}"
+
+
 class RangeLinear(Quantizer):
     """Range-linear quantization; with ``momentum`` set it keeps a running range for evaluation.
 
@@ -213,3 +235,38 @@ class FloatingPoint(Quantizer):
 
     def extra_repr(self) -> str:
         return f"exp={self.exp}, man={self.man}, rounding={self.rounding}" + (", saturate=True" if self.saturate else "")
+
+
+class DensityTracked(Quantizer):
+    """A weight quantizer that keeps the share of non-zero values in its last output (``density``, a buffer).
+
+    AdaPT's penalty and performance model need each step's density of the quantized weights
+    (AdaPT paper Sec. 3.4, 4.1.2); reading it here costs one count over the weights, where quantizing
+    again would draw new stochastic rounding. ``inner`` is the quantizer that does the work.
+    """
+
+    def __init__(self, inner: Quantizer) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("density", torch.ones(()))
+
+    @property
+    def fmt(self) -> str:  # type: ignore[override]
+        return self.inner.fmt
+
+    @property
+    def bits(self) -> int:  # type: ignore[override]
+        return self.inner.bits
+
+    def forward(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
+        return self._track(self.inner(x, bits))
+
+    def forward_with_mask(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, passes = self.inner.forward_with_mask(x)
+        return self._track(out), passes
+
+    def _track(self, out: torch.Tensor) -> torch.Tensor:
+        if out.numel():
+            self.density.copy_(out.detach().count_nonzero() / out.numel())
+        return out
+

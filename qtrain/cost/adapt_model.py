@@ -1,0 +1,188 @@
+"""AdaPT's analytical performance model (AdaPT paper Sec. 4.1.2, eqs. (6)-(9); Tables 3, 4 and 6).
+
+Per training step ``i`` (a forward and backward pass of one micro-batch) and layer ``l`` with ``ops_l``
+forward MACs per sample, word length ``WL`` and weight density ``sp`` (share of non-zero quantized
+weights):
+
+- training cost, eq. (8): ``ops_l * (sp * WL + 32 / accs)``: the forward pass at the layer's word
+  length on a sparse tensor, the backward pass in float32 with dense gradients, amortized over the
+  ``accs`` accumulation steps as the paper writes it;
+- AdaPT's overhead, eq. (9): ``32 * (sp * ops_pd + ops_pu) / (accs * lb)`` with the PushDown and PushUp
+  bounds of eqs. (6)-(7), ``ops_pd = 2 * log2(32 - 8) * r * 3 * numel`` and ``ops_pu = (lb + 1) * numel + 1``
+  (``r`` the layer's resolution, ``lb`` its lookback, ``numel`` its weight count);
+- memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master), averaged over steps;
+- model size: ``Σ_l sp * WL`` after the last step;
+- sparsity (Table 5): the share of zero weights over all layers (each weighted by its weight count)
+  after the last step, and its mean over steps.
+
+With ``ops`` in MACs per sample, as the paper writes it, a run's costs are its summed step costs
+times its batch size, ``SU = bs_other * costs_other / (bs_ours * costs_ours)``, the overhead multiplied
+by the batch size too, as the formula reads. A baseline (:class:`BaselineRun`) is float32 training
+(``WL = 32``, dense, no overhead) over the same training set for ``epochs`` epochs of ``ceil(N /
+batch_size)`` steps at its own batch size and accumulation; SU1 (the same batch, accumulation and
+epochs as ours), SU2 (a baseline adjusted for iso-accuracy: other epochs) and SU3 (MuPPET's baseline:
+batch 128, no accumulation, 150 epochs) of Tables 3-4 are each one baseline.
+
+``MEM`` is this run's memory over float32 training's, which holds one 32-bit copy of each layer
+(``32 |L|``): above 1 where the quantized copy and the master cost more than float32 alone, as the
+paper's text (Sec. 4.2.1, "increased intra-training memory consumption") and Fig. 7 read it and as
+Tables 3-4 list it (1.41 to 1.66); Sec. 4.1.2 writes the quotient the other way. Inference (Table 6):
+``SU = Σ ops * 32 / Σ ops * sp * WL`` and ``SZ = sz_ours / (32 |L|)``, the model-size fraction the
+table lists (0.36 to 0.60). As the paper says, sizes and memory ignore tensor dimensions: they are
+relative measures between identical architectures only.
+
+The reference code (lorenz0890/AdaPT, ``utils/analytics.py``) prices its own-baseline speedup as
+``Σ 64 ops / Σ ops (sp * WL + 32)`` without accumulation or overhead, which is what Table 3's SU1
+(1.20 to 1.42) fits; it is reported beside the paper's SU as ``reference_SU1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from qtrain.errors import ConfigError
+
+PUSHDOWN_STEPS = 2 * math.log2(32 - 8)  # eq. (6): the bisection's steps over word lengths 8..32, two per step
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    """A float32 training run priced by the model: batch size, accumulation steps and epochs."""
+
+    batch_size: int
+    accum_steps: int
+    epochs: float
+
+
+def check_baselines(baselines: DictConfig, key: str = "method.performance_model") -> None:
+    """Each baseline names ``batch_size``, ``accum_steps`` (integers >= 1) and ``epochs`` (> 0); null: the run's own."""
+    if not isinstance(baselines, DictConfig):
+        raise ConfigError(f"{key}={baselines!r} is not allowed: it maps baseline names to "
+                          "{{batch_size, accum_steps, epochs}}")
+    for name, baseline in baselines.items():
+        if not isinstance(baseline, DictConfig) or set(baseline.keys()) != {"batch_size", "accum_steps", "epochs"}:
+            raise ConfigError(f"{key}.{name}={baseline!r} is not allowed: a baseline has exactly batch_size, "
+                              "accum_steps and epochs (null: this run's value)")
+        for field in ("batch_size", "accum_steps", "epochs"):
+            value = baseline[field]
+            integer = field != "epochs"
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+                                      or value < (1 if integer else 0) or (not integer and value == 0)):
+                kind = "an integer >= 1" if integer else "a number > 0"
+                raise ConfigError(f"{key}.{name}.{field}={value!r} is not allowed: it must be {kind} or null (this run's)")
+
+
+def resolve_baselines(baselines: DictConfig, batch_size: int, accum_steps: int, epochs: int) -> dict[str, BaselineRun]:
+    """The baselines of the config, with null fields filled by the run's own batch size, accumulation and epochs."""
+    own = {"batch_size": batch_size, "accum_steps": accum_steps, "epochs": epochs}
+    return {name: BaselineRun(**{k: own[k] if b[k] is None else b[k] for k in own}) for name, b in baselines.items()}
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """One layer at one step: word length, weight density, and (AdaPT) its lookback and resolution."""
+
+    wl: float
+    density: float
+    lookback: int | None = None
+    resolution: int | None = None
+
+
+def pushdown_ops(resolution: int, numel: int) -> float:
+    """Eq. (6): the bound on one PushDown's operations."""
+    return PUSHDOWN_STEPS * resolution * 3 * numel
+
+
+def pushup_ops(lookback: int, numel: int) -> float:
+    """Eq. (7): the bound on one PushUp's operations."""
+    return (lookback + 1) * numel + 1
+
+
+class PerformanceModel:
+    """Accumulates eqs. (8)-(9), memory and size over a run's steps; :meth:`report` gives SU, MEM, SZ."""
+
+    def __init__(self, ops: dict[str, int], numel: dict[str, int], accum_steps: int) -> None:
+        if accum_steps < 1:
+            raise ValueError(f"accum_steps={accum_steps} must be >= 1")
+        self.ops, self.numel, self.accs = dict(ops), dict(numel), accum_steps
+        self.train_cost = 0.0  # Σ_i eq. (8)
+        self.reference_cost = 0.0  # Σ_i Σ_l ops (sp * WL + 32): the reference code's cost
+        self.overhead_cost = 0.0  # Σ_i eq. (9)
+        self.memory_sum = 0.0  # Σ_i Σ_l (sp * WL + 32)
+        self.density_sum = 0.0  # Σ_i (share of non-zero weights over all layers)
+        self.steps = 0
+        self.last: dict[str, LayerState] = {}
+
+    def add_step(self, layers: dict[str, LayerState]) -> None:
+        """Charge one step with every layer in the state ``layers`` gives."""
+        train = reference = overhead = memory = 0.0
+        for name, ops in self.ops.items():
+            state = layers[name]
+            train += ops * (state.density * state.wl + 32 / self.accs)
+            reference += ops * (state.density * state.wl + 32)
+            memory += state.density * state.wl + 32
+            if state.lookback is not None:
+                numel = self.numel[name]
+                overhead += 32 * (state.density * pushdown_ops(state.resolution, numel)
+                                  + pushup_ops(state.lookback, numel)) / (self.accs * state.lookback)
+        self.train_cost += train
+        self.reference_cost += reference
+        self.overhead_cost += overhead
+        self.memory_sum += memory
+        self.density_sum += self.density(layers)
+        self.steps += 1
+        self.last = dict(layers)
+
+    def density(self, layers: dict[str, LayerState]) -> float:
+        """Share of non-zero weights over all the model's layers (each weighted by its weight count)."""
+        return sum(layers[name].density * n for name, n in self.numel.items()) / sum(self.numel.values())
+
+    def model_size(self) -> float:
+        """``sz = Σ_l sp * WL`` after the last step."""
+        return sum(self.last[name].density * self.last[name].wl for name in self.ops)
+
+    def baseline_cost(self, baseline: BaselineRun, samples_per_epoch: int) -> float:
+        """``bs * costs`` of float32 training under ``baseline``: every step at 32 bits, dense, no overhead."""
+        per_step = sum(ops * (32 + 32 / baseline.accum_steps) for ops in self.ops.values())
+        steps = baseline.epochs * math.ceil(samples_per_epoch / baseline.batch_size)
+        return baseline.batch_size * steps * per_step
+
+    def report(self, batch_size: int, samples_per_epoch: int, baselines: dict[str, BaselineRun]) -> dict[str, Any]:
+        """The model's figures for a run at micro-batch ``batch_size``: costs, SU per baseline, MEM, inference SU/SZ."""
+        if not self.steps:
+            return {}
+        ours = batch_size * (self.train_cost + self.overhead_cost)
+        memory = self.memory_sum / self.steps
+        size = self.model_size()
+        float32_size = 32.0 * len(self.ops)
+        final_ops = sum(ops * self.last[name].density * self.last[name].wl for name, ops in self.ops.items())
+        return {
+            "train_cost": batch_size * self.train_cost, "overhead_cost": batch_size * self.overhead_cost,
+            "steps": self.steps, "memory": memory, "model_size": size,
+            "MEM": memory / float32_size,
+            "sparsity": {"final": 1 - self.density(self.last), "average": 1 - self.density_sum / self.steps},
+            "baselines": {
+                name: {"batch_size": b.batch_size, "accum_steps": b.accum_steps, "epochs": b.epochs,
+                       "SU": self.baseline_cost(b, samples_per_epoch) / ours}
+                for name, b in baselines.items()
+            },
+            "reference_SU1": 64 * sum(self.ops.values()) * self.steps / self.reference_cost,
+            "inference": {"SU": 32 * sum(self.ops.values()) / final_ops if final_ops else math.inf,
+                          "SZ": size / float32_size},
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_cost": self.train_cost, "reference_cost": self.reference_cost,
+                "overhead_cost": self.overhead_cost, "memory_sum": self.memory_sum,
+                "density_sum": self.density_sum, "steps": self.steps,
+                "last": {name: [s.wl, s.density, s.lookback, s.resolution] for name, s in self.last.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.train_cost, self.reference_cost = state["train_cost"], state["reference_cost"]
+        self.overhead_cost = state["overhead_cost"]
+        self.memory_sum, self.density_sum, self.steps = state["memory_sum"], state["density_sum"], state["steps"]
+        self.last = {name: LayerState(*values) for name, values in state["last"].items()}

@@ -1,0 +1,54 @@
+"""Pricing a run with AdaPT's performance model (AdaPT paper Sec. 4.1.2): the part AdaPT and MuPPET share.
+
+A method that mixes in :class:`PricedByPerformanceModel` names its quantized layers in ``layers``,
+calls :meth:`price_step` once per micro-batch with each layer's word length (and, for AdaPT, lookback
+and resolution), and gets the model's figures into summary.json through :meth:`performance_report`.
+The model itself is :mod:`qtrain.cost.adapt_model`; baselines come from ``method.performance_model``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from qtrain.cost.adapt_model import LayerState, PerformanceModel, resolve_baselines
+from qtrain.methods.base import Method, RunFacts
+
+
+class PricedByPerformanceModel(Method):
+    layers: dict[str, nn.Module]
+    facts: RunFacts | None = None
+    perf: PerformanceModel | None = None
+    _macs: dict[str, int] | None = None
+
+    def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+        macs = super().profile(model, sample)
+        self._macs = {name: macs[name] for name in self.layers}
+        return macs
+
+    def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
+        super().attach(optimizer, facts)
+        self.facts = facts
+        if self._macs is not None:
+            numel = {name: layer.weight.numel() for name, layer in self.layers.items()}
+            self.perf = PerformanceModel(self._macs, numel, facts.accum_steps)
+
+    def price_step(self, layers: dict[str, LayerState]) -> None:
+        if self.perf is not None:
+            self.perf.add_step(layers)
+
+    def performance_report(self, epochs: int) -> dict[str, Any]:
+        """The model's figures after ``epochs`` epochs (empty before the run is attached and profiled)."""
+        if self.perf is None or self.facts is None:
+            return {}
+        baselines = resolve_baselines(self.cfg.performance_model, self.facts.batch_size, self.facts.accum_steps, epochs)
+        return self.perf.report(self.facts.batch_size, self.facts.samples_per_epoch, baselines)
+
+    def performance_state(self) -> dict[str, Any] | None:
+        return self.perf.state_dict() if self.perf is not None else None
+
+    def load_performance_state(self, state: dict[str, Any] | None) -> None:
+        if state is not None and self.perf is not None:
+            self.perf.load_state_dict(state)
