@@ -10,12 +10,16 @@ Prints, for ResNet-20 on 32x32x3 inputs, batch 128, on the CPU:
   tensors to the OS) divided by float32's;
 - fixed-point <8,4> stochastic rounding of 4M floats divided by a copy of them (the two timed
   alternately, medians kept), and divided by QPyTorch's fixed_point_quantize (when qtorch is installed).
-PFQ runs its first stage (FW-3/BW-6). DFQ and FracTrain run with their gates' choices drawn from
-TRAINED_SHARES, the option shares of a trained run (below), not from untrained gates (which send most
-samples past their blocks); dfq_mix_all runs every option for every sample, as the reference code
-does (timed once, over at most 5 steps: it has no target and takes several times as long).
-Targets (issue 7): SBM, both FW-8/BW-16 readings and PFQ <= 1.2x float32 in time, DFQ and FracTrain
-<= 1.35x, every method <= 1.2x in memory, stochastic rounding <= 2x a copy.
+PFQ runs its first stage (FW-3/BW-6); MuPPET its first (8-bit). AdaPT's step includes its per-step work
+(loss terms, gradient normalization, lookback windows); its switches (PushDown and PushUp of every layer,
+timed as one round from <20,12>, a format its layers reach in training) are amortized at the paper's
+most frequent rate, once every 25 optimizer steps (the lookback's lower bound). DFQ and FracTrain run
+with their gates' choices drawn from TRAINED_SHARES, the option shares of a trained run (below), not
+from untrained gates (which send most samples past their blocks); dfq_mix_all runs every option for
+every sample, as the reference code does (timed once, over at most 5 steps: it has no target and takes
+several times as long).
+Targets: SBM, both FW-8/BW-16 readings, PFQ and MuPPET <= 1.2x float32 in time, DFQ, FracTrain and
+AdaPT <= 1.35x, every method <= 1.2x in memory, stochastic rounding <= 2x a copy.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ VARIANTS = {
     "sbm_bw16_both_paths": ["experiment=sbm_bw16_both_paths"],
     "dfq_mix_all": ["method=dfq", "method.execution=mix_all"],
 }
-METHODS = ("float32", "sbm", "sbm_bw16_bifurcation", "sbm_bw16_both_paths", "pfq", "dfq", "dfq_mix_all", "fractrain")
+METHODS = ("float32", "sbm", "sbm_bw16_bifurcation", "sbm_bw16_both_paths", "pfq", "dfq", "dfq_mix_all", "fractrain",
+           "muppet", "adapt")
 TIME_TARGET = 1.2
-TIME_TARGETS = {"dfq": 1.35, "fractrain": 1.35, "dfq_mix_all": None}  # others: TIME_TARGET
+TIME_TARGETS = {"dfq": 1.35, "fractrain": 1.35, "adapt": 1.35, "dfq_mix_all": None}  # others: TIME_TARGET
+ADAPT_SWITCH_EVERY = 25  # optimizer steps between a layer's switches at the shortest lookback (AdaPT Sec. 4.1.1)
 SLOW = {"dfq_mix_all"}  # timed in the first round only, over at most 5 steps
 MEMORY_TARGET = 1.2
 # Share of samples at each of ResNet's options [0,0], [2,6], [3,6], [4,6], [4,12], [6,8], [6,12] in the last
@@ -79,7 +85,8 @@ def one_method(name: str, steps: int, batch: int) -> dict:
 
     from qtrain.cli import conf_dir
     from qtrain.cost import CostMeter
-    from qtrain.methods import StepInfo, build_method
+    from qtrain.methods import RunFacts, StepInfo, build_method
+    from qtrain.methods.adapt_switching import Format
     from qtrain.models import build_model
 
     overrides = VARIANTS.get(name, [f"method={name}"])
@@ -92,14 +99,18 @@ def one_method(name: str, steps: int, batch: int) -> dict:
     model = method.prepare(build_model("resnet20", 3, 10, (32, 32)))
     meter = CostMeter(method.profile(model, torch.zeros(2, 3, 32, 32)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    method.attach(opt, RunFacts(batch, 1, 50_000))
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    info = StepInfo(0, 0, batch)
 
     def step() -> None:
-        loss = method.loss(F.cross_entropy(model(x), y), StepInfo(0, 0, batch))
+        loss = method.loss(F.cross_entropy(model(x), y), info)
         loss.backward()
         meter.add(method.precision(), batch)
+        method.after_backward(info)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        method.after_step(info)
 
     for _ in range(3):
         step()
@@ -113,8 +124,16 @@ def one_method(name: str, steps: int, batch: int) -> dict:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"step_s": statistics.median(times), "peak_mb": (_rss_kb("VmHWM") - base) / 1024,
-            "cost_percent": meter.percent_of_float32()}
+    switch_s = 0.0
+    if name == "adapt":  # one round of switches of every layer, from a format reached in training
+        for layer, state in method.states.items():
+            state.format = Format(20, 12)
+            start = time.perf_counter()
+            method._switch(layer, 1.0, info)
+            switch_s += time.perf_counter() - start
+    return {"step_s": statistics.median(times) + switch_s / ADAPT_SWITCH_EVERY,
+            "peak_mb": (_rss_kb("VmHWM") - base) / 1024, "cost_percent": meter.percent_of_float32(),
+            "switch_s": switch_s}
 
 
 def _alternating_medians(fns: dict, repeats: int = 30) -> dict:
@@ -176,7 +195,7 @@ def main() -> None:
         # slows allocation down, so memory is measured in a process of its own, not while timing.
         measured = _child(name, 3, args.batch, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
         results[name] = {"step_s": statistics.median(times[name]), "peak_mb": measured["peak_mb"],
-                         "cost_percent": measured["cost_percent"]}
+                         "cost_percent": measured["cost_percent"], "switch_s": measured["switch_s"]}
     base = results["float32"]
     print(f"ResNet-20, batch {args.batch}, 32x32x3, {torch.get_num_threads()} CPU threads, torch {torch.__version__}; "
           f"median step of {args.steps} steps x {args.rounds} rounds")
@@ -188,9 +207,11 @@ def main() -> None:
         verdict = "-" if target is None else ("met" if time_ratio <= target and memory_ratio <= MEMORY_TARGET else "missed")
         print(f"{name:21s} {r['step_s']:7.3f} {time_ratio:9.2f} {verdict:>7s} {r['peak_mb']:8.1f} {memory_ratio:9.2f} "
               f"{r['cost_percent']:7.2f}")
-    print(f"target: time <= {TIME_TARGET}x float32 (DFQ, FracTrain <= {TIME_TARGETS['dfq']}x), "
+    print(f"target: time <= {TIME_TARGET}x float32 (DFQ, FracTrain, AdaPT <= {TIME_TARGETS['dfq']}x), "
           f"memory <= {MEMORY_TARGET}x; cost %: the bit-MAC cost "
           "of the measured steps in percent of float32 (DFQ/FracTrain: gates drawing from TRAINED_SHARES)")
+    print(f"adapt: one round of switches (every layer) {results['adapt']['switch_s']:.3f} s, amortized over "
+          f"{ADAPT_SWITCH_EVERY} steps in its step time")
     sr = rounding_ratios()
     ratio = sr["ours_sr_ms"] / sr["copy_ms"]
     print(f"stochastic rounding of 4M floats: {sr['ours_sr_ms']:.2f} ms = {ratio:.2f}x a copy ({sr['copy_ms']:.2f} ms, "

@@ -21,16 +21,10 @@ and reports finished ones); the table goes to <out>.csv and <out>.md.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
+from mini_runs import machine, parser, train_all, write_results
 
 RUNS_DIR = Path("outputs/fractrain_mini")
 EPOCHS, MILESTONES = 8, [6]
@@ -43,17 +37,6 @@ RUNS = {
     "dfq": ("cp=3", []),
     "fractrain": ("cp=1.5/2/2.5/3", INDICATOR),
 }
-
-
-def train(method: str, extra: list[str], root: str, threads: int) -> Path:
-    run_dir = RUNS_DIR / method
-    qtrain = Path(sys.executable).with_name("qtrain")
-    command = [str(qtrain), f"method={method}", "model=resnet20", "data=cifar10", f"data.root={root}",
-               "data.subset={by: samples, part: 0}", f"train.epochs={EPOCHS}", "sched=multistep",
-               f"sched.milestones=[{','.join(map(str, MILESTONES))}]", "progress=false", f"hydra.run.dir={run_dir}", *extra]
-    print(" ".join(command), flush=True)
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    return run_dir
 
 
 def row(method: str, setting: str, run_dir: Path) -> dict:
@@ -76,39 +59,20 @@ def row(method: str, setting: str, run_dir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", required=True, help="folder holding cifar-10-batches-py")
-    parser.add_argument("--out", default="results/fractrain_mini_cifar10")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at a time, sharing the cores")
-    parser.add_argument("--report-only", action="store_true", help="tabulate the runs as they stand, train nothing")
-    args = parser.parse_args()
+    args = parser(__doc__.splitlines()[0], "results/fractrain_mini_cifar10").parse_args()
     if not args.report_only:
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
-        with ThreadPoolExecutor(args.jobs) as pool:  # RUNS reversed: the longest runs first
-            list(pool.map(lambda m: train(m, RUNS[m][1], args.root, threads), reversed(RUNS)))
+        common = ["model=resnet20", "data=cifar10", f"data.root={args.root}", "data.subset={by: samples, part: 0}",
+                  f"train.epochs={EPOCHS}", "sched=multistep", f"sched.milestones=[{','.join(map(str, MILESTONES))}]"]
+        train_all({m: [f"method={m}", *common, *extra] for m, (_, extra) in RUNS.items()}, RUNS_DIR, args.jobs)
     table = pd.DataFrame([row(method, setting, RUNS_DIR / method) for method, (setting, _) in RUNS.items()])
     sbm = float(table.loc[table.method == "sbm", "percent_of_float32"].iloc[0])
     table["savings_vs_sbm_percent"] = (100 * (1 - table["percent_of_float32"] / sbm)).round(1)
     table.loc[table.method == "float32", "savings_vs_sbm_percent"] = None
-    float32_epoch = float(table.loc[table.method == "float32", "median_epoch_s"].iloc[0])
-    table["epoch_time_x_float32"] = (table["median_epoch_s"] / float32_epoch).round(2)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out.with_suffix(".csv"), index=False)
-    summary = json.loads((RUNS_DIR / "sbm" / "summary.json").read_text())
-    threads = f"{summary['threads']} torch thread{'s' * (summary['threads'] != 1)}"
-    machine = (f"{platform.machine()} CPU, {os.cpu_count()} cores, {threads} per run, "
-               f"torch {summary['versions']['torch']}, Python {summary['versions']['python']}")
+    described, threads_text = machine(RUNS_DIR / "sbm", args.jobs)
     command = f"python scripts/fractrain_mini.py --root DIR --jobs {args.jobs}"
-    threads_text = ("the runs one after another on an otherwise idle machine" if args.jobs == 1 else
-                    f"{args.jobs} runs at a time, {threads} each")
-    unfinished = table.loc[table.epochs != f"{EPOCHS}/{EPOCHS}", "method"].tolist()
-    cut_short = (f"Cut short, by the time this machine had: {', '.join(unfinished)} (the `epochs` column); rerunning "
-                 f"the command resumes it from its last epoch. " if unfinished else "")
-    out.with_suffix(".md").write_text(
-        f"# FracTrain in miniature: ResNet-20 on real CIFAR-10\n\n"
+    write_results(args.out, table, EPOCHS, "FracTrain in miniature: ResNet-20 on real CIFAR-10", (
         f"Made by `{command}` (DIR from `python ../shared/data/materialize.py DIR`: the offline CIFAR-10 copy, "
-        f"images JPEG-re-encoded at quality 75) on {machine}.\n\n"
+        f"images JPEG-re-encoded at quality 75) on {described}.\n\n"
         f"Data: the 25,000-image half of the training set (every class halved), the whole 10,000-image test set. "
         f"{EPOCHS} epochs, SGD lr 0.1 divided by 10 after epoch{'s' * (len(MILESTONES) > 1)} "
         f"{' and '.join(map(str, MILESTONES))}, momentum 0.9, "
@@ -119,11 +83,7 @@ def main() -> None:
         f"bit-MACs = 1024 x effective MACs; `percent_of_float32` is the whole model's, `cp_per_epoch` the controller's "
         f"cp over the gated blocks (DFQ's stem and classifier run in float32, as in the reference code). "
         f"`median_epoch_s` is the median epoch's wall time (training and evaluation) with {threads_text}; "
-        f"`epoch_time_x_float32` divides it by float32's.\n\n"
-        f"{cut_short + chr(10) * 2 if cut_short else ''}"
-        f"{table.to_markdown(index=False)}\n"
-    )
-    print(table.to_string(index=False))
+        f"`epoch_time_x_float32` divides it by float32's."))
 
 
 if __name__ == "__main__":

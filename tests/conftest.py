@@ -41,6 +41,15 @@ def make_config(*overrides: str) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides))
 
 
+def prepared(method: str, *overrides: str, model: str = "resnet20", size: int = 8):
+    """The method ``method`` (with ``overrides``) and the model it prepared, for ``size`` x ``size`` RGB inputs."""
+    from qtrain.methods import build_method
+    from qtrain.models import build_model
+
+    built = build_method(make_config(f"method={method}", *overrides).method)
+    return built, built.prepare(build_model(model, 3, 10, (size, size)))
+
+
 def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run the installed ``qtrain`` entry point as a user would."""
     exe = Path(sys.executable).with_name("qtrain")

@@ -71,6 +71,10 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     ["method=sbm"],
     # a stage switch after epoch 1 and gates whose state lives in the model
     ["method=fractrain", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
+    # lookback windows of 3 steps in epochs of 4: the kill falls in the middle of a window
+    ["method=adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}"],
+    # a diversity window of 2 epochs, open when the kill comes
+    ["method=muppet", "method.resolution=2"],
 ])
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
     overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]"]
@@ -97,6 +101,10 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
     pd.testing.assert_frame_equal(_metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed"))
     for name in ("precision.csv", "cost.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(tmp_path / "resumed" / name))
+    whole, resumed = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("whole", "resumed"))
+    for report in (whole, resumed):
+        report.get("adapt", {}).pop("switch_seconds", None)  # wall time
+    assert whole.get(whole["method"]) == resumed.get(resumed["method"])
 
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_earlier_results(tmp_path, monkeypatch):
@@ -191,7 +199,7 @@ def test_a_second_process_cannot_train_into_a_locked_directory(tmp_path):
     assert not (tmp_path / ".qtrain.lock").exists()
 
 
-@pytest.mark.parametrize("method", ["float32", "sbm", "pfq", "dfq", "fractrain"])
+@pytest.mark.parametrize("method", ["float32", "sbm", "pfq", "dfq", "fractrain", "muppet", "adapt"])
 def test_checkpoints_hold_plain_tensors_and_values_only(tmp_path, method):
     run(make_config(*TINY, f"method={method}", "train.epochs=1"), tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # no pickled objects: nothing can run on load
@@ -270,7 +278,7 @@ def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
     assert start["final"]["train_loss"] < scratch["final"]["train_loss"]
 
 
-@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain"])
+@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt"])
 def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
     # fused stays part of a run's identity (another kernel, another run); its results must not differ
     overrides = [*TINY, f"method={method}", "train.epochs=1"]

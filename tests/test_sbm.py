@@ -5,23 +5,15 @@ import torch
 from torch import nn
 
 from qtrain.errors import ConfigError
-from qtrain.methods import build_method
-from qtrain.models import build_model
 from qtrain.quant import formats
 from qtrain.quant.layers import QConv2d, QLinear
 from qtrain.run import run
 
-from .conftest import TINY, make_config
-
-
-def _prepared(*overrides):
-    method = build_method(make_config("method=sbm", *overrides).method)
-    model = method.prepare(build_model("resnet20", 3, 10, (8, 8)))
-    return method, model
+from .conftest import TINY, make_config, prepared
 
 
 def test_every_conv_and_linear_is_quantized_and_recorded():
-    method, model = _prepared()
+    method, model = prepared("sbm")
     layers = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
     assert all(isinstance(m, (QConv2d, QLinear)) for m in layers.values())
     record = method.precision()
@@ -35,7 +27,7 @@ def test_every_conv_and_linear_is_quantized_and_recorded():
 
 @pytest.mark.parametrize("first,last", [("float32", "float32"), ("quantized", "float32"), ("float32", "quantized")])
 def test_first_and_last_layers_can_stay_float32(first, last):
-    method, model = _prepared(f"method.first_layer={first}", f"method.last_layer={last}")
+    method, model = prepared("sbm", f"method.first_layer={first}", f"method.last_layer={last}")
     assert isinstance(model.conv1, QConv2d) == (first == "quantized")
     assert isinstance(model.fc, QLinear) == (last == "quantized")
     assert ("conv1" in method.precision()) == (first == "quantized") and "layer1.0.conv1" in method.precision()
@@ -43,7 +35,7 @@ def test_first_and_last_layers_can_stay_float32(first, last):
 
 def test_a_bad_layer_precision_is_named():
     with pytest.raises(ConfigError, match="method.last_layer='fp16' is not allowed"):
-        _prepared("method.last_layer=fp16")
+        prepared("sbm", "method.last_layer=fp16")
 
 
 @pytest.mark.parametrize("experiment,grad_weight_bits,percent", [
@@ -51,7 +43,7 @@ def test_a_bad_layer_precision_is_named():
     ("sbm_bw16_both_paths", 16, 100 * (64 + 128 + 128) / 3 / 1024),  # FracTrain's tables: both at 16: 10.42 %
 ])
 def test_the_two_readings_of_fw8_bw16(experiment, grad_weight_bits, percent):
-    method, model = _prepared(f"experiment={experiment}")
+    method, model = prepared("sbm", f"experiment={experiment}")
     q = model.layer1[0].conv2.quant
     assert q.grad_weight is None or q.grad_weight.bits == grad_weight_bits
     bits = method.precision()["layer1.0.conv2"].options[0][1]
@@ -60,7 +52,7 @@ def test_the_two_readings_of_fw8_bw16(experiment, grad_weight_bits, percent):
 
 
 def test_weights_are_quantized_per_output_channel_to_256_levels():
-    _, model = _prepared()
+    _, model = prepared("sbm")
     layer = model.layer3[1].conv2
     wq = layer.quantized_weight()
     for row, qrow in zip(layer.weight.detach(), wq):
@@ -71,7 +63,7 @@ def test_weights_are_quantized_per_output_channel_to_256_levels():
 
 
 def test_running_range_weighs_its_old_value_by_the_momentum():
-    _, model = _prepared("method.act_momentum=0.9")
+    _, model = prepared("sbm", "method.act_momentum=0.9")
     act = model.layer1[0].conv1.quant.act
     model.train()
     first, second = torch.randn(4, 16, 8, 8), torch.randn(4, 16, 8, 8) * 3
@@ -83,7 +75,7 @@ def test_running_range_weighs_its_old_value_by_the_momentum():
 
 
 def test_evaluation_uses_the_running_activation_range():
-    _, model = _prepared("method.act_momentum=0.5")
+    _, model = prepared("sbm", "method.act_momentum=0.5")
     act = model.layer1[0].conv1.quant.act
     model.train()
     model(torch.randn(4, 3, 8, 8))
@@ -103,7 +95,7 @@ def test_sbm_learns_the_synthetic_task(tmp_path):
 
 @pytest.mark.parametrize("bits,saved_dtype", [(2, torch.uint8), (12, torch.int16), (16, torch.float32)])
 def test_activation_codes_take_the_smallest_dtype_and_train(tmp_path, bits, saved_dtype):
-    _, model = _prepared(f"method.act_bits={bits}")
+    _, model = prepared("sbm", f"method.act_bits={bits}")
     layer = model.layer1[0].conv2
     saved = []
     model.train()

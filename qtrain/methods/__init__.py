@@ -5,14 +5,16 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from qtrain.errors import ConfigError
+from qtrain.methods.adapt import AdaPT
 from qtrain.methods.base import Method, RunFacts, StepInfo
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.float32 import Float32
 from qtrain.methods.fractrain import FracTrain
+from qtrain.methods.muppet import MuPPET
 from qtrain.methods.pfq import PFQ
 from qtrain.methods.sbm import SBM
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, PFQ, DFQ, FracTrain)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, PFQ, DFQ, FracTrain)}
 
 
 def build_method(cfg: DictConfig) -> Method:

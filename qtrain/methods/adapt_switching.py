@@ -1,0 +1,187 @@
+"""AdaPT's precision switching (AdaPT paper Sec. 3.3, Algorithms 2-4; METHODS.md, "AdaPT").
+
+Pure functions and one small state class, so each rule can be checked on its own:
+
+- :func:`pushdown`: the smallest <WL, FL> at or below the current one whose quantized weights lose no
+  information, by the discrete KL divergence of their histograms at the layer's resolution (eqs. 1-2,
+  Algorithm 3);
+- :func:`pushup`: the precision increase suggested by the gradient diversity of the lookback window
+  (eqs. 3-4), and the buffer bits that frame the fixed-point range;
+- :func:`adapt_strategy`, :func:`adapt_lookback`, :func:`adapt_resolution`: eq. 5 and the lookback
+  and resolution rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from qtrain.quant.formats import Rounding, fixed_point_candidates
+
+STRATEGIES = ("min", "mean", "max")
+PUSHUP_FORMULAS = ("paper", "reference")
+
+
+@dataclass(frozen=True)
+class Format:
+    """Fixed point <wl, fl>: ``wl`` bits including the sign, ``fl`` of them fractional."""
+
+    wl: int
+    fl: int
+
+
+def histograms(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bins: int) -> torch.Tensor:
+    """Counts of each row of ``values`` in ``bins`` equal bins over [lo, hi] (values outside go to the end bins).
+
+    As ``torch.histc``: a value at ``hi`` falls in the last bin. A constant reference (``lo == hi``)
+    gets the bins over ``[lo - |lo|, lo + |lo|]`` (``[-1, 1]`` around zero), so a value that moved lands elsewhere.
+    """
+    width = hi - lo
+    half = torch.where(lo.abs() > 0, lo.abs(), 1.0)
+    lo, width = torch.where(width > 0, lo, lo - half), torch.where(width > 0, width, 2 * half)
+    index = ((values - lo) / width * bins).floor().clamp(0, bins - 1).long()
+    rows = values.shape[0]
+    index = index + torch.arange(rows, device=values.device).reshape(-1, 1) * bins
+    return torch.bincount(index.reshape(-1), minlength=rows * bins).reshape(rows, bins).to(values.dtype)
+
+
+def kl_divergence(p_counts: torch.Tensor, q_counts: torch.Tensor) -> torch.Tensor:
+    """``KL(P || Q) = Σ P log2(P / Q)`` per row of count histograms (eq. 2), in bits (Sec. 3.3: "the average
+    number of bits lost").
+
+    Bins where P is empty add nothing; a bin where P has mass and Q has none makes it +inf. Zero
+    for identical histograms, positive otherwise.
+    """
+    p = p_counts / p_counts.sum(-1, keepdim=True)
+    q = q_counts / q_counts.sum(-1, keepdim=True)
+    terms = torch.where(p > 0, p * (p.log2() - q.log2()), 0.0)
+    return terms.sum(-1)
+
+
+def _bisect(passes: list[bool]) -> int:
+    """Index of the first passing entry by bisection, the last entry (the current format) counting as passing."""
+    low, high = -1, len(passes) - 1
+    while high - low > 1:
+        mid = (low + high) // 2
+        if passes[mid]:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def information_loss(weights: torch.Tensor, candidates: list[Format], resolution: int,
+                     rounding: Rounding = "stochastic") -> torch.Tensor:
+    """KL(quantized || float) of ``weights`` at each candidate format, all candidates in one batch."""
+    flat = weights.detach().reshape(-1).float()
+    finite = flat[flat.abs() < math.inf]
+    if finite.numel() == 0:
+        return torch.zeros(len(candidates))
+    wl = torch.tensor([c.wl for c in candidates], device=flat.device)
+    fl = torch.tensor([c.fl for c in candidates], device=flat.device)
+    quantized = fixed_point_candidates(finite, wl, fl, rounding)
+    lo, hi = finite.min(), finite.max()
+    reference = histograms(finite.reshape(1, -1), lo, hi, resolution)
+    return kl_divergence(histograms(quantized, lo, hi, resolution), reference).cpu()
+
+
+def pushdown(weights: torch.Tensor, current: Format, resolution: int, epsilon: float = 0.0,
+             rounding: Rounding = "stochastic") -> Format:
+    """Algorithm 3: the coarsest format at or below ``current`` whose quantized ``weights`` keep KL <= ``epsilon``.
+
+    First the fractional length (at the current word length, FL from 0 to the current FL), then the
+    word length (at that FL, WL from FL + 1 to the current WL), each by bisection over the candidates'
+    KL values, which are computed for all candidates of a stage at once. Bisection assumes the loss
+    grows as the format coarsens; the current format is the answer where every coarser one loses.
+    """
+    fls = [Format(current.wl, fl) for fl in range(current.fl + 1)]
+    kl = information_loss(weights, fls, resolution, rounding)
+    fl = fls[_bisect([float(k) <= epsilon for k in kl])].fl
+    wls = [Format(wl, fl) for wl in range(fl + 1, current.wl + 1)]
+    kl = information_loss(weights, wls, resolution, rounding)
+    return wls[_bisect([float(k) <= epsilon for k in kl])]
+
+
+def gradient_diversity_for(sum_sq: float, total_norm_sq: float, count: int, formula: str) -> float:
+    """The window's diversity as ``formula`` reads it: the paper's ``Σ||g||² / ||Σg||²`` (eq. 3), or the
+    reference code's ``k / ||Σg||`` (its window holds ``k`` normalized gradients; the norm is not squared)."""
+    if total_norm_sq <= 0:
+        return math.inf
+    if formula == "reference":
+        return count / math.sqrt(total_norm_sq)
+    return sum_sq / total_norm_sq
+
+
+def increase(diversity: float, fl_min: int, strategy: str, formula: str = "paper") -> int:
+    """Eq. 4: PushUp's increase ``s`` of the fractional length from the window's gradient diversity.
+
+    ``paper`` (the default) reads the garbled eq. 4 as ``s1 = max(ceil(1 / (ln Δs - 1)), 1)`` and
+    ``s2 = max(min(ceil(32 log2 Δs - 1), 32) - FL_min, 1)``, applied where ``ln Δs > 0``; ``s1`` is capped
+    at 32 where ``ln Δs = 1``. ``reference`` is lorenz0890/AdaPT's reading: with ``L = ln Δs - 1``, where
+    ``L > 0``: ``s1 = max(ceil(1 / L²), 1)``, ``s2 = max(min(ceil(32 L²), 32) - FL_min, 0)``. The strategy
+    combines them: ``min``, ``ceil(mean)`` or ``max``. Otherwise, and where Δs is 0 or infinite, s = 1.
+    """
+    if not 0 < diversity < math.inf:
+        return 1
+    log = math.log(diversity)
+    if formula == "paper":
+        if log <= 0:
+            return 1
+        s1 = 32 if log == 1 else max(math.ceil(1 / (log - 1)), 1)
+        s1 = min(s1, 32)
+        s2 = max(min(math.ceil(32 * math.log2(diversity) - 1), 32) - fl_min, 1)
+    else:
+        excess = log - 1
+        if excess <= 0:
+            return 1
+        s1 = max(math.ceil(1 / excess**2), 1)
+        s2 = max(min(math.ceil(32 * excess**2), 32) - fl_min, 0)
+    if strategy == "min":
+        return min(s1, s2)
+    if strategy == "max":
+        return max(s1, s2)
+    return math.ceil(0.5 * (s1 + s2))
+
+
+def pushup(minimal: Format, s: int, buffer_bits: int, formula: str = "paper") -> Format:
+    """The new format from PushDown's ``minimal`` one and the increase ``s``, framed by ``buffer_bits``.
+
+    ``FL = min(FL_min + s, 32)``; then the buffer bits: ``FL = min(FL, 32 - buff)``, ``WL = max(min(FL + buff,
+    32), WL')`` where ``WL'`` is ``WL_min`` in the paper's reading and the reference's intermediate
+    ``min(max(WL_min, FL) + 1, 32)`` in its own (the paper's intermediate WL is overwritten by the
+    buffer step).
+    """
+    fl = min(minimal.fl + s, 32)
+    floor = minimal.wl if formula == "paper" else min(max(minimal.wl, fl) + 1, 32)
+    fl = min(fl, 32 - buffer_bits)
+    return Format(max(min(fl + buffer_bits, 32), floor), fl)
+
+
+def adapt_strategy(strategy: str, average_loss: float, loss: float) -> str:
+    """Eq. 5: toward more precision while the loss does not fall below its recent average, ``min`` when it does."""
+    if abs(average_loss) > abs(loss):
+        return "min"
+    return {"mean": "max", "min": "mean"}.get(strategy, strategy)
+
+
+def adapt_lookback(lookback: int, diversity: float, low: int, high: int, momentum: float) -> int:
+    """``lb_new = min(max(ceil(high / Δs), low), high)`` (``high`` where Δs is not positive), then
+    ``lb = ceil(γ lb_new + (1 - γ) lb)`` with momentum ``γ``."""
+    if 0 < diversity < math.inf:
+        new = min(max(math.ceil(high / diversity), low), high)
+    elif diversity == math.inf:
+        new = low
+    else:
+        new = high
+    return math.ceil(momentum * new + (1 - momentum) * lookback - 1e-9)  # 0.33 * 25 + 0.67 * 25 is 25, not 26
+
+
+def adapt_resolution(resolution: int, lookback: int, lb_low: int, lb_high: int, low: int, high: int) -> int:
+    """One more histogram bin while the lookback sits at its upper bound, one fewer at its lower bound."""
+    if lookback == lb_high:
+        resolution += 1
+    elif lookback == lb_low:
+        resolution -= 1
+    return min(max(resolution, low), high)

@@ -1,0 +1,259 @@
+"""AdaPT: PushDown on tensors built for a known format, KL and histograms against closed forms and
+torch.histc, gradient diversity, PushUp's suggestions on chosen diversities, the strategy, lookback
+and resolution rules, the loss terms, and runs."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from qtrain.errors import ConfigError
+from qtrain.methods import RunFacts, StepInfo, build_method
+from qtrain.methods.adapt import tnvs_init_
+from qtrain.methods.adapt_switching import (
+    Format,
+    adapt_lookback,
+    adapt_resolution,
+    adapt_strategy,
+    histograms,
+    increase,
+    information_loss,
+    kl_divergence,
+    pushdown,
+    pushup,
+)
+from qtrain.methods.diversity import DiversityWindow, gradient_diversity
+from qtrain.quant import formats
+from qtrain.run import run
+
+from .conftest import TINY, make_config, prepared
+
+
+def _on_grid(wl: int, fl: int, n: int = 4000) -> torch.Tensor:
+    """Values exactly representable in <wl, fl> that reach both ends of its range and use its last fractional bit."""
+    torch.manual_seed(0)
+    low, high = -(2 ** (wl - 1)), 2 ** (wl - 1) - 1
+    codes = torch.randint(low, high + 1, (n,))
+    codes[:3] = torch.tensor([low, high, 1])
+    return codes.float() / 2**fl
+
+
+@pytest.mark.parametrize("wl,fl", [(6, 3), (8, 4), (5, 0), (12, 10)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_pushdown_finds_the_format_a_tensor_was_built_in(wl, fl, rounding):
+    x = _on_grid(wl, fl)
+    assert pushdown(x, Format(20, 14), resolution=150, rounding=rounding) == Format(wl, fl)
+    # never above the current format: from a coarser start it stays there
+    assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding) == Format(wl - 1, fl)
+
+
+def test_pushdown_checks_all_candidates_in_one_batch():
+    x = _on_grid(6, 3)
+    candidates = [Format(12, f) for f in range(9)]
+    kl = information_loss(x, candidates, 150, "nearest")
+    assert kl.shape == (9,) and (kl[3:] == 0).all() and (kl[:3] > 0).all()
+    rows = formats.fixed_point_candidates(x, torch.tensor([12, 5]), torch.tensor([2, 3]), "nearest")
+    assert torch.equal(rows[0], formats.fixed_point(x, 12, 2)) and torch.equal(rows[1], formats.fixed_point(x, 5, 3))
+
+
+def test_kl_is_zero_for_identical_histograms_and_positive_otherwise():
+    p = torch.tensor([[3.0, 0.0, 1.0]])
+    assert kl_divergence(p, p).item() == 0.0
+    # P = (1/2, 1/2), Q = (1/4, 3/4): 1/2 log2 2 + 1/2 log2 (2/3)
+    assert kl_divergence(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 3.0])).item() == pytest.approx(
+        0.5 + 0.5 * math.log2(2 / 3))
+    assert kl_divergence(torch.tensor([1.0, 1.0]), torch.tensor([2.0, 0.0])).item() == math.inf
+    assert kl_divergence(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])).item() == pytest.approx(1.0)
+
+
+def test_histograms_match_torch_histc():
+    torch.manual_seed(1)
+    x = torch.randn(2, 5000)
+    lo, hi = x.min(), x.max()
+    counts = histograms(x, lo, hi, 37)
+    for row in range(2):
+        assert torch.equal(counts[row], torch.histc(x[row], 37, lo.item(), hi.item()))
+    constant = torch.full((1, 10), 0.5)
+    moved = torch.full((1, 10), 0.5 + 2**-4)  # bins of 1/50 over [0, 1]: 0.5625 leaves 0.5's bin
+    same = histograms(constant, constant.min(), constant.max(), 50)
+    assert same.sum() == 10 and kl_divergence(same, same).item() == 0
+    assert kl_divergence(histograms(moved, constant.min(), constant.max(), 50), same).item() == math.inf
+
+
+def test_gradient_diversity_matches_its_closed_form():
+    e1, e2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert gradient_diversity([e1, e2]) == pytest.approx(1.0)  # orthogonal
+    assert gradient_diversity([e1] * 4) == pytest.approx(0.25)  # k equal gradients: 1/k
+    assert gradient_diversity([e1, -e1]) == math.inf  # they cancel
+    # (1,0), (1,1): (1 + 2) / ||(2,1)||^2 = 3/5
+    assert gradient_diversity([e1, e1 + e2]) == pytest.approx(0.6)
+    window = DiversityWindow()
+    assert math.isnan(window.diversity())
+    window.add(e1)
+    window.add(e1 + e2)
+    assert (window.count, window.sum_sq, window.total_norm_sq()) == (2, 3.0, 5.0)
+
+
+@pytest.mark.parametrize("diversity,fl_min,formula,expected", [
+    # ln Δs = 1.5: s1 = ceil(1 / 0.5) = 2; s2 = min(ceil(32 * 1.5 / ln 2 - 1), 32) - 4 = 28
+    (math.exp(1.5), 4, "paper", {"min": 2, "mean": 15, "max": 28}),
+    # ln Δs = 3: s1 = max(ceil(1/2), 1) = 1; s2 = 32 - 20 = 12
+    (math.exp(3.0), 20, "paper", {"min": 1, "mean": 7, "max": 12}),
+    # ln Δs = 0.5 <= 1: 1 / (0.5 - 1) < 0, s1 = 1; s2 = ceil(32 * 0.5 / ln 2 - 1) - 4 = 23 - 4 = 19
+    (math.exp(0.5), 4, "paper", {"min": 1, "mean": 10, "max": 19}),
+    # the reference: L = ln Δs - 1 = 0.5: s1 = ceil(1 / 0.25) = 4; s2 = max(ceil(32 * 0.25) - 4, 0) = 4
+    (math.exp(1.5), 4, "reference", {"min": 4, "mean": 4, "max": 4}),
+    # L = 2: s1 = 1, s2 = 32 - 10 = 22
+    (math.exp(3.0), 10, "reference", {"min": 1, "mean": 12, "max": 22}),
+])
+def test_pushup_suggestions_on_chosen_diversities(diversity, fl_min, formula, expected):
+    assert {st: increase(diversity, fl_min, st, formula) for st in expected} == expected
+
+
+@pytest.mark.parametrize("diversity", [0.5, 1.0, 0.0, math.inf, math.nan])
+def test_pushup_adds_one_bit_without_a_positive_log_diversity(diversity):
+    for formula in ("paper", "reference"):
+        assert increase(diversity, 4, "max", formula) == 1
+
+
+def test_pushup_frames_the_format_with_buffer_bits():
+    assert pushup(Format(8, 4), 2, buffer_bits=8) == Format(14, 6)  # FL 6, WL = FL + 8
+    assert pushup(Format(20, 4), 2, buffer_bits=4) == Format(20, 6)  # WL_min is a floor
+    assert pushup(Format(30, 26), 5, buffer_bits=8) == Format(32, 24)  # FL <= 32 - buff
+    # the reference's intermediate WL: max(WL_min, new FL) + 1 = 21 is the floor
+    assert pushup(Format(10, 4), 16, buffer_bits=4, formula="reference") == Format(24, 20)
+    assert pushup(Format(24, 4), 2, buffer_bits=4, formula="reference") == Format(25, 6)
+
+
+def test_strategy_follows_eq_5():
+    assert adapt_strategy("min", average_loss=2.0, loss=1.0) == "min"  # the loss fell below its average
+    assert adapt_strategy("max", 2.0, 1.0) == "min"
+    assert adapt_strategy("min", 1.0, 1.5) == "mean"  # it did not: one step toward more precision
+    assert adapt_strategy("mean", 1.0, 1.0) == "max"
+    assert adapt_strategy("max", 1.0, 1.5) == "max"
+
+
+def test_lookback_and_resolution_rules():
+    # Δs = 2: lb_new = 100 / 2 = 50; ceil(0.33 * 50 + 0.67 * 25) = ceil(33.25) = 34
+    assert adapt_lookback(25, 2.0, 25, 100, 0.33) == 34
+    assert adapt_lookback(25, 4.0, 25, 100, 0.33) == 25  # lb_new = 25: no drift from rounding
+    assert adapt_lookback(25, 0.5, 25, 100, 1.0) == 100  # capped at the upper bound
+    assert adapt_lookback(60, 1000.0, 25, 100, 1.0) == 25  # and at the lower
+    assert adapt_lookback(25, 0.0, 25, 100, 0.5) == 63  # Δs not positive: the upper bound, with momentum
+    assert adapt_resolution(50, 100, 25, 100, 50, 150) == 51
+    assert adapt_resolution(50, 25, 25, 100, 50, 150) == 50  # at its lower bound already
+    assert adapt_resolution(150, 100, 25, 100, 50, 150) == 150
+    assert adapt_resolution(80, 60, 25, 100, 50, 150) == 80
+
+
+def test_tnvs_draws_a_truncated_fan_in_normal():
+    torch.manual_seed(0)
+    w = torch.empty(256, 64, 3, 3)
+    tnvs_init_(w, 0.5)
+    bound = math.sqrt(3 * 0.5 / 576)
+    assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound
+    # N(0, σ²) cut at ±sqrt(3)σ has variance σ²(1 - 2 a φ(a) / (2Φ(a) - 1)) with a = sqrt(3)
+    a = math.sqrt(3)
+    phi, cdf = math.exp(-a * a / 2) / math.sqrt(2 * math.pi), 0.5 * (1 + math.erf(a / math.sqrt(2)))
+    expected = 0.5 / 576 * (1 - 2 * a * phi / (2 * cdf - 1))
+    assert w.var().item() == pytest.approx(expected, rel=0.02)
+
+
+def test_adapt_quantizes_weights_and_activations_and_keeps_gradients_float32():
+    method, model = prepared("adapt")
+    q = model.layer1[0].conv1.quant
+    assert (q.weight.bits, q.weight.inner.fl, q.act.bits, q.act.fl, q.grad) == (8, 4, 8, 4, None)
+    bits = method.precision()["layer1.0.conv1"].options[0][1]
+    assert bits.gemm_fractions() == (64 / 1024, 256 / 1024, 256 / 1024)
+
+
+def test_adapt_loss_adds_l1_l2_and_the_word_length_density_penalty():
+    method, model = prepared("adapt", "method.l1=0.01", "method.l2=0.1")
+    model.train()
+    model(torch.randn(4, 3, 8, 8))
+    weights = [layer.weight for layer in method.layers.values()]
+    densities = [float(layer.quant.weight.density) for layer in method.layers.values()]
+    base = torch.tensor(1.0)
+    total = method.loss(base, StepInfo(0, 0, 4))
+    expected = (1.0 + 0.01 * sum(w.abs().sum().item() for w in weights)
+                + 0.05 * sum(w.square().sum().item() for w in weights) + sum(8 / 32 * d for d in densities) / len(densities))
+    assert total.item() == pytest.approx(expected, rel=1e-5)
+    total.backward()  # L1 and L2 reach the float32 weights; the penalty is a constant
+    w = method.layers["fc"].weight
+    assert torch.allclose(w.grad, 0.01 * w.sign() + 0.1 * w.detach())
+
+
+def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_full():
+    method, model = prepared("adapt", "method.lookback={low: 2, high: 2, momentum: 0.33}")
+    model.train()
+    for step in range(2):
+        loss = method.loss(model(torch.randn(8, 3, 8, 8)).logsumexp(1).mean(), StepInfo(0, step, 8))
+        loss.backward()
+        method.after_backward(StepInfo(0, step, 8))
+        for layer in method.layers.values():
+            assert layer.weight.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+        model.zero_grad()
+    rows = method.drain_switch_rows()
+    assert len(rows) == len(method.layers) and method.switches == len(method.layers)
+    for row in rows:  # PushDown cannot go below <8, 4>; PushUp adds s >= 1 and the 8 buffer bits
+        assert row["fl"] >= 5 and row["wl"] == row["fl"] + 8
+        assert method.states[row["layer"]].window.count == 0
+    assert method.drain_switch_rows() == []
+
+
+@pytest.mark.parametrize("override,message", [
+    ("method.initial.fl=8", "method.initial.fl=8 is not allowed"),
+    ("method.buffer_bits=0", "method.buffer_bits=0 is not allowed"),
+    ("method.lookback.high=10", "method.lookback.high=10 is not allowed"),
+    ("method.pushup=both", "method.pushup='both' is not allowed"),
+    ("method.init=xavier", "method.init='xavier' is not allowed"),
+    ("method.kl_epsilon=-1", "method.kl_epsilon=-1 is not allowed"),
+    ("method.normalize_grads=1", "method.normalize_grads=1 is not allowed"),
+])
+def test_bad_adapt_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_method(make_config("method=adapt", override).method)
+
+
+def test_adapt_without_switches_charges_the_start_format(tmp_path):
+    summary = run(make_config(*TINY, "method=adapt", "method.lookback={low: 100, high: 100, momentum: 0.33}"), tmp_path)
+    assert summary["adapt"]["switches"] == 0
+    # forward <8,4> x <8,4>, both backward GEMMs 8 x 32: (64 + 256 + 256) / 1024 of float32
+    macs = pd.read_csv(tmp_path / "cost.csv")["macs_per_sample"].sum()
+    assert summary["cost"]["effective_macs"] == pytest.approx(2 * 256 * macs * 576 / 1024)
+
+
+def test_adapt_run_records_switches_formats_and_the_performance_model(tmp_path):
+    summary = run(make_config(*TINY, "method=adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}"), tmp_path)
+    precision = pd.read_csv(tmp_path / "precision.csv")
+    switches = precision[precision.event == "switch"]
+    epochs = precision[precision.event == "epoch"]
+    assert summary["adapt"]["switches"] == len(switches) > 0
+    assert set(switches.step) == {3, 6}  # a full window every three optimizer steps
+    last = epochs[epochs.epoch == 2].groupby("layer")[["wl", "fl"]].first()  # one row per format the epoch used
+    for layer, (wl, fl) in summary["adapt"]["formats"].items():
+        assert (last.loc[layer, "wl"], last.loc[layer, "fl"]) == (wl, fl)
+    assert {"lookback", "resolution", "density"} <= set(epochs.columns)
+    model = summary["adapt"]["performance_model"]
+    assert model["steps"] == 8 and model["overhead_cost"] > 0
+    assert set(model["baselines"]) == {"same", "muppet"}
+    assert 0 <= model["sparsity"]["final"] < 1 and model["inference"]["SZ"] > 0
+
+
+def test_the_performance_model_amortizes_over_the_runs_accumulation(tmp_path):
+    overrides = [*TINY, "method=adapt", "train.epochs=1", "method.lookback={low: 100, high: 100, momentum: 0.33}"]
+    one = run(make_config(*overrides), tmp_path / "one")["adapt"]["performance_model"]
+    four = run(make_config(*overrides, "train.accum_steps=4"), tmp_path / "four")["adapt"]["performance_model"]
+    # eq. 8: ops (sp WL + 32 / accs) over the same 4 steps at <8, 4> (the densities differ a little)
+    assert four["train_cost"] < one["train_cost"] * (8 + 8) / (8 + 32) * 1.2
+    assert four["baselines"]["same"]["accum_steps"] == 4
+
+
+def test_adapt_warns_when_the_optimizer_adds_l2_again(caplog):
+    method, model = prepared("adapt")
+    method.attach(torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=5e-4), RunFacts(64, 1, 256))
+    assert "pass optim.weight_decay=0 to count L2 once" in caplog.text
+    caplog.clear()
+    method.attach(torch.optim.SGD(model.parameters(), lr=0.1), RunFacts(64, 1, 256))
+    assert caplog.text == ""

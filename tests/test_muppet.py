@@ -1,0 +1,161 @@
+"""MuPPET: dynamic fixed point against hand-computed scales and codes, the switching rule on synthetic
+diversity sequences, the float32 stage, and a run's records."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from qtrain.errors import ConfigError
+from qtrain.methods import build_method
+from qtrain.methods.muppet import DiversityPolicy, muppet_threshold
+from qtrain.quant import formats
+from qtrain.run import run
+
+from .conftest import TINY, make_config, prepared
+
+
+@pytest.mark.parametrize("values,wl,fl", [
+    # min((2^7 - 0.5) / 2.9, (-2^7 - 0.5) / -1.7) = min(43.97, 75.59): floor(log2 43.97) = 5
+    ([0.3, -1.7, 2.9], 8, 5),
+    # positive only: 7.5 / 3 = 2.5 -> 1
+    ([0.5, 3.0], 4, 1),
+    # negative only: -8.5 / -3 = 2.83 -> 1
+    ([-3.0, -0.25], 4, 1),
+    # the largest magnitude is negative: -8.5 / -0.01 = 850 -> 9 (7.5 / 0.004 = 1875 would give 10)
+    ([0.004, -0.01], 4, 9),
+    # exactly at the bound: 7.5 / 7.5 = 1 -> 0
+    ([7.5, 1.0], 4, 0),
+])
+def test_dynamic_fixed_point_scale_matches_the_hand_computed_exponent(values, wl, fl):
+    assert int(formats.dynamic_fixed_point_fl(torch.tensor(values), wl)) == fl
+
+
+def test_dynamic_fixed_point_rounds_on_the_scaled_grid():
+    out, fl = formats.dynamic_fixed_point(torch.tensor([0.3, -1.7, 2.9]), 8, "nearest")
+    # x * 32 = 9.6, -54.4, 92.8 -> 10, -54, 93, divided by 32
+    assert int(fl) == 5
+    assert out.tolist() == [10 / 32, -54 / 32, 93 / 32]
+
+
+def test_dynamic_fixed_point_clamps_to_the_word_length():
+    # 7.5 sits at UB + 0.5 with s = 0: rounding reaches 8, one past the 4-bit range's 7
+    torch.manual_seed(0)
+    out, _ = formats.dynamic_fixed_point(torch.full((1000,), 7.5), 4, "stochastic")
+    assert out.max() == 7 and out.min() == 7
+    assert formats.dynamic_fixed_point(torch.tensor([7.5, -8.4]), 4, "nearest")[0].tolist() == [7.0, -8.0]
+
+
+def test_dynamic_fixed_point_stochastic_rounding_is_unbiased():
+    torch.manual_seed(0)
+    x = torch.full((200_000,), 0.3)
+    x[0] = 2.9  # s = 5: 0.3 * 32 = 9.6, rounded up with probability 0.6
+    out, fl = formats.dynamic_fixed_point(x, 8, "stochastic")
+    assert int(fl) == 5
+    assert set(out[1:].mul(32).unique().tolist()) == {9.0, 10.0}
+    assert out[1:].mul(32).eq(10).float().mean().item() == pytest.approx(0.6, abs=0.005)
+
+
+def test_dynamic_fixed_point_edges():
+    zeros, fl = formats.dynamic_fixed_point(torch.zeros(5), 8)
+    assert int(fl) == 0 and torch.equal(zeros, torch.zeros(5))
+    empty, _ = formats.dynamic_fixed_point(torch.zeros(0), 8)
+    assert empty.numel() == 0
+    out, fl = formats.dynamic_fixed_point(torch.tensor([1.0, math.nan, math.inf, -2.0]), 8, "nearest")
+    # the scale comes from the finite values: min(127.5 / 1, -128.5 / -2) = 64.25 -> 6
+    assert int(fl) == 6 and out[0] == 1.0 and out[3] == -2.0 and math.isnan(out[1]) and out[2] == 127 / 64
+    small, fl = formats.dynamic_fixed_point(torch.tensor([1e-30, -3e-31]), 8, "nearest")
+    assert int(fl) == 106  # 127.5 / 1e-30 = 1.3e32 -> 2^106
+    assert small[0] == 81 * 2.0**-106
+    # subnormals: the quotient overflows float32; s stays at 126 (2^s normal) and they round to zero
+    tiny, fl = formats.dynamic_fixed_point(torch.tensor([1e-40, -3e-41]), 8, "nearest")
+    assert int(fl) == 126 and torch.equal(tiny, torch.zeros(2))
+
+
+def test_threshold_is_the_papers_closed_form():
+    assert muppet_threshold(0) == pytest.approx(2.5)
+    assert muppet_threshold(10) == pytest.approx(1 + 1.5 / math.e)
+
+
+def test_policy_switches_after_patience_violations_and_not_on_flat_diversity():
+    flat = DiversityPolicy(patience=2, base=1.0, scale=1.5, decay=0.1)
+    assert not any(flat.update(1.0, epoch)[2] for epoch in range(2, 60, 3))
+    assert flat.violations == 0
+
+    policy = DiversityPolicy(patience=2, base=1.0, scale=1.5, decay=0.1)
+    # epoch 2: sets the maximum 6; epoch 5: 6/3 = 2 > T(5) = 1 + 1.5 e^-0.5 = 1.91: the first violation;
+    # epoch 8: 6/5 = 1.2 < T(8) = 1.67: none; epoch 11: 6/2 = 3 > T(11) = 1.50: the second violation switches
+    results = [policy.update(d, e) for d, e in ((6.0, 2), (3.0, 5), (5.0, 8), (2.0, 11))]
+    assert [r[2] for r in results] == [False, False, False, True]
+    assert results[1][0] == pytest.approx(2.0) and results[1][1] == pytest.approx(1 + 1.5 * math.exp(-0.5))
+    assert policy.maximum == 0.0 and policy.violations == 0  # reset for the next stage
+
+
+def test_muppet_quantizes_weights_activations_and_gradients_at_the_word_length():
+    method, model = prepared("muppet")
+    q = model.layer2[0].conv1.quant
+    assert (q.weight.bits, q.act.bits, q.grad.bits) == (8, 8, 8)
+    assert method.precision()["fc"].options[0][1].gemm_fractions() == (64 / 1024,) * 3
+    method, model = prepared("muppet", "method.grad=float32")
+    assert model.fc.quant.grad is None
+    assert method.precision()["fc"].options[0][1].gemm_fractions() == (64 / 1024, 256 / 1024, 256 / 1024)
+
+
+def test_muppet_switches_on_a_diversity_drop_and_decays_the_float32_rate():
+    method, model = prepared("muppet", "method.schedule=[8,32]", "method.resolution=2", "method.patience=1",
+                            "method.threshold.base=1.0", "method.threshold.scale=0.0",
+                            "method.float32_lr={gamma: 0.5, every: 2}")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    method.attach(optimizer, None)
+    names = list(method.layers)
+    shapes = {n: method.layers[n].weight.shape for n in names}
+
+    def epoch_with(grad_of, epoch):
+        method.last_grads = {n: grad_of(n) for n in names}
+        metrics = {}
+        method.end_epoch(epoch, metrics)
+        return metrics
+
+    def unit(n, i):
+        g = torch.zeros(shapes[n]).reshape(-1)
+        g[i] = 1.0
+        return g.reshape(shapes[n])
+
+    # window 1 (epochs 0, 1): orthogonal gradients, diversity 1; window 2 (epochs 2, 3): equal ones, 1/2
+    first = [epoch_with(lambda n: unit(n, 0), 0), epoch_with(lambda n: unit(n, 1), 1)]
+    assert math.isnan(first[0]["diversity"]) and first[1]["diversity"] == pytest.approx(1.0)
+    second = [epoch_with(lambda n: unit(n, 0), 2), epoch_with(lambda n: unit(n, 0), 3)]
+    assert second[1]["diversity"] == pytest.approx(0.5)
+    assert second[1]["diversity_ratio"] == pytest.approx(2.0) and second[1]["switched"] == 1
+    assert [m["word_length"] for m in first + second] == [8, 8, 8, 8]
+    assert method.word_length == 32 and method.precision() == {}
+    assert model.fc.quant.weight is None and model.fc.quant.act is None
+    assert optimizer.param_groups[0]["lr"] == 1.0  # the switch epoch is the first float32 epoch of two
+    epoch_with(lambda n: unit(n, 0), 4)
+    assert optimizer.param_groups[0]["lr"] == 0.5
+
+
+@pytest.mark.parametrize("override,message", [
+    ("method.schedule=[12,8]", "method.schedule=[12, 8] is not allowed"),
+    ("method.schedule=[8,32,16]", "method.schedule=[8, 32, 16] is not allowed"),
+    ("method.resolution=0", "method.resolution=0 is not allowed"),
+    ("method.grad=half", "method.grad='half' is not allowed"),
+    ("method.float32_lr.gamma=2", "method.float32_lr.gamma=2 is not allowed"),
+    ("method.performance_model.same.epochs=0", "method.performance_model.same.epochs=0 is not allowed"),
+])
+def test_bad_muppet_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        build_method(make_config("method=muppet", override).method)
+
+
+def test_muppet_run_records_its_stage_and_prices_the_run(tmp_path):
+    summary = run(make_config(*TINY, "method=muppet", "method.resolution=1"), tmp_path)
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert metrics["word_length"].tolist() == [8, 8]
+    assert metrics["diversity"].tolist() == [pytest.approx(1.0)] * 2  # one gradient per window
+    assert summary["cost"]["percent_of_float32"] == pytest.approx(6.25)
+    model = summary["muppet"]["performance_model"]
+    assert model["steps"] == 8 and model["baselines"]["same"]["SU"] > 1
+    precision = pd.read_csv(tmp_path / "precision.csv")
+    assert set(precision.format) == {"dynamic-fixed"} and set(precision.weight_bits) == {8}
