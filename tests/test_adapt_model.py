@@ -25,12 +25,14 @@ def test_two_layer_model_by_hand():
     pd_a, pd_b = 2 * log24 * 50 * 3 * 4, 2 * log24 * 100 * 3 * 2
     pu_a, pu_b = 26 * 4 + 1, 51 * 2 + 1
     # eq. 9: 32 * (sp * pd + pu) / (accs * lb)
-    overhead = (32 * (0.5 * pd_a + pu_a) / 50 + 32 * (1.0 * pd_b + pu_b) / 100
-                + 32 * (0.25 * pd_a + pu_a) / 50 + 32 * (0.5 * pd_b + pu_b) / 100)
+    pushdown = 32 * (0.5 * pd_a / 50 + 1.0 * pd_b / 100 + 0.25 * pd_a / 50 + 0.5 * pd_b / 100)
+    pushup = 32 * (pu_a / 50 + pu_b / 100 + pu_a / 50 + pu_b / 100)
+    overhead = pushdown + pushup
     report = model.report(batch_size=4, samples_per_epoch=16,
                           baselines={"f32": BaselineRun(batch_size=8, accum_steps=1, epochs=1)})
     assert report["train_cost"] == pytest.approx(4 * train)
     assert report["overhead_cost"] == pytest.approx(4 * overhead)
+    assert (report["pushdown_cost"], report["pushup_cost"]) == pytest.approx((4 * pushdown, 4 * pushup))
     # float32 baseline: 16 samples / 8 = 2 steps of 100 * (32 + 32) + 10 * (32 + 32), times its batch 8
     su = 8 * 2 * 110 * 64 / (4 * (train + overhead))
     memory = ((0.5 * 8 + 32) + (16 + 32) + (0.25 * 12 + 32) + (0.5 * 16 + 32)) / 2
@@ -38,6 +40,7 @@ def test_two_layer_model_by_hand():
     assert report["baselines"]["f32"] == pytest.approx({"batch_size": 8, "accum_steps": 1, "epochs": 1, "SU": su})
     assert report["memory"] == pytest.approx(memory) and report["model_size"] == pytest.approx(size)
     assert report["MEM"] == pytest.approx(memory / 64)  # float32 holds one 32-bit copy of each of the 2 layers
+    assert report["SZ"] == pytest.approx(64 / size)
     # the reference code's own-baseline speedup: Σ 64 ops / Σ ops (sp * WL + 32)
     reference = (100 * (4 + 32) + 10 * (16 + 32)) + (100 * (3 + 32) + 10 * (8 + 32))
     assert report["reference_SU1"] == pytest.approx(2 * 64 * 110 / reference)

@@ -28,7 +28,8 @@ batch 128, no accumulation, 150 epochs) of Tables 3-4 are each one baseline.
 paper's text (Sec. 4.2.1, "increased intra-training memory consumption") and Fig. 7 read it and as
 Tables 3-4 list it (1.41 to 1.66); Sec. 4.1.2 writes the quotient the other way. Inference (Table 6):
 ``SU = Σ ops * 32 / Σ ops * sp * WL`` and ``SZ = sz_ours / (32 |L|)``, the model-size fraction the
-table lists (0.36 to 0.60). As the paper says, sizes and memory ignore tensor dimensions: they are
+table lists (0.36 to 0.60); ``SZ`` beside ``MEM`` is Sec. 4.1.2's training-side ratio, float32's size over
+ours (``32 |L| / sz``). As the paper says, sizes and memory ignore tensor dimensions: they are
 relative measures between identical architectures only.
 
 The reference code (lorenz0890/AdaPT, ``utils/analytics.py``) prices its own-baseline speedup as
@@ -111,7 +112,8 @@ class PerformanceModel:
         self.ops, self.numel, self.accs = dict(ops), dict(numel), accum_steps
         self.train_cost = 0.0  # Σ_i eq. (8)
         self.reference_cost = 0.0  # Σ_i Σ_l ops (sp * WL + 32): the reference code's cost
-        self.overhead_cost = 0.0  # Σ_i eq. (9)
+        self.pushdown_cost = 0.0  # Σ_i eq. (9), its PushDown part
+        self.pushup_cost = 0.0  # Σ_i eq. (9), its PushUp part
         self.memory_sum = 0.0  # Σ_i Σ_l (sp * WL + 32)
         self.density_sum = 0.0  # Σ_i (share of non-zero weights over all layers)
         self.steps = 0
@@ -119,19 +121,20 @@ class PerformanceModel:
 
     def add_step(self, layers: dict[str, LayerState]) -> None:
         """Charge one step with every layer in the state ``layers`` gives."""
-        train = reference = overhead = memory = 0.0
+        train = reference = pushdown = pushup = memory = 0.0
         for name, ops in self.ops.items():
             state = layers[name]
             train += ops * (state.density * state.wl + 32 / self.accs)
             reference += ops * (state.density * state.wl + 32)
             memory += state.density * state.wl + 32
             if state.lookback is not None:
-                numel = self.numel[name]
-                overhead += 32 * (state.density * pushdown_ops(state.resolution, numel)
-                                  + pushup_ops(state.lookback, numel)) / (self.accs * state.lookback)
+                numel, per_switch = self.numel[name], 32 / (self.accs * state.lookback)
+                pushdown += per_switch * state.density * pushdown_ops(state.resolution, numel)
+                pushup += per_switch * pushup_ops(state.lookback, numel)
         self.train_cost += train
         self.reference_cost += reference
-        self.overhead_cost += overhead
+        self.pushdown_cost += pushdown
+        self.pushup_cost += pushup
         self.memory_sum += memory
         self.density_sum += self.density(layers)
         self.steps += 1
@@ -155,15 +158,17 @@ class PerformanceModel:
         """The model's figures for a run at micro-batch ``batch_size``: costs, SU per baseline, MEM, inference SU/SZ."""
         if not self.steps:
             return {}
-        ours = batch_size * (self.train_cost + self.overhead_cost)
+        ours = batch_size * (self.train_cost + self.pushdown_cost + self.pushup_cost)
         memory = self.memory_sum / self.steps
         size = self.model_size()
         float32_size = 32.0 * len(self.ops)
         final_ops = sum(ops * self.last[name].density * self.last[name].wl for name, ops in self.ops.items())
         return {
-            "train_cost": batch_size * self.train_cost, "overhead_cost": batch_size * self.overhead_cost,
+            "train_cost": batch_size * self.train_cost,
+            "overhead_cost": batch_size * (self.pushdown_cost + self.pushup_cost),
+            "pushdown_cost": batch_size * self.pushdown_cost, "pushup_cost": batch_size * self.pushup_cost,
             "steps": self.steps, "memory": memory, "model_size": size,
-            "MEM": memory / float32_size,
+            "MEM": memory / float32_size, "SZ": float32_size / size if size else math.inf,
             "sparsity": {"final": 1 - self.density(self.last), "average": 1 - self.density_sum / self.steps},
             "baselines": {
                 name: {"batch_size": b.batch_size, "accum_steps": b.accum_steps, "epochs": b.epochs,
@@ -177,12 +182,12 @@ class PerformanceModel:
 
     def state_dict(self) -> dict[str, Any]:
         return {"train_cost": self.train_cost, "reference_cost": self.reference_cost,
-                "overhead_cost": self.overhead_cost, "memory_sum": self.memory_sum,
+                "pushdown_cost": self.pushdown_cost, "pushup_cost": self.pushup_cost, "memory_sum": self.memory_sum,
                 "density_sum": self.density_sum, "steps": self.steps,
                 "last": {name: [s.wl, s.density, s.lookback, s.resolution] for name, s in self.last.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_cost, self.reference_cost = state["train_cost"], state["reference_cost"]
-        self.overhead_cost = state["overhead_cost"]
+        self.pushdown_cost, self.pushup_cost = state["pushdown_cost"], state["pushup_cost"]
         self.memory_sum, self.density_sum, self.steps = state["memory_sum"], state["density_sum"], state["steps"]
         self.last = {name: LayerState(*values) for name, values in state["last"].items()}
