@@ -43,9 +43,11 @@ def _on_grid(wl: int, fl: int, n: int = 4000) -> torch.Tensor:
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_pushdown_finds_the_format_a_tensor_was_built_in(wl, fl, rounding):
     x = _on_grid(wl, fl)
-    assert pushdown(x, Format(20, 14), resolution=150, rounding=rounding) == Format(wl, fl)
-    # never above the current format: from a coarser start it stays there
-    assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding) == Format(wl - 1, fl)
+    for search in ("range", "current"):
+        assert pushdown(x, Format(20, 14), resolution=150, rounding=rounding, search=search) == Format(wl, fl)
+    # from a coarser start: the whole range finds it; "current" (Algorithm 3, the reference) stays put
+    assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding) == Format(wl, fl)
+    assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding, search="current") == Format(wl - 1, fl)
 
 
 def test_pushdown_checks_all_candidates_in_one_batch():
@@ -55,6 +57,19 @@ def test_pushdown_checks_all_candidates_in_one_batch():
     assert kl.shape == (9,) and (kl[3:] == 0).all() and (kl[:3] > 0).all()
     rows = formats.fixed_point_candidates(x, torch.tensor([12, 5]), torch.tensor([2, 3]), "nearest")
     assert torch.equal(rows[0], formats.fixed_point(x, 12, 2)) and torch.equal(rows[1], formats.fixed_point(x, 5, 3))
+
+
+def test_candidates_share_each_elements_stochastic_draw():
+    x = torch.randn(5000) * 3
+    wl, fl = torch.tensor([6, 10, 16, 16]), torch.tensor([3, 3, 3, 9])
+    torch.manual_seed(7)
+    rows = formats.fixed_point_candidates(x, wl, fl, "stochastic")
+    for i in range(4):  # each row is fixed_point at its format with the same key
+        torch.manual_seed(7)
+        assert torch.equal(rows[i], formats.fixed_point(x, int(wl[i]), int(fl[i]), "stochastic"))
+    assert torch.equal(rows[1], rows[2])  # <10,3> and <16,3>: ranges 64 and 4096 clamp nothing here
+    inside = x.abs() < 3.8  # <6,3> holds -4 .. 3.875
+    assert torch.equal(rows[0][inside], rows[1][inside])  # <6,3> agrees wherever it does not clamp
 
 
 def test_kl_is_zero_for_identical_histograms_and_positive_otherwise():
@@ -196,8 +211,8 @@ def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_fu
         model.zero_grad()
     rows = method.drain_switch_rows()
     assert len(rows) == len(method.layers) and method.switches == len(method.layers)
-    for row in rows:  # PushDown cannot go below <8, 4>; PushUp adds s >= 1 and the 8 buffer bits
-        assert row["fl"] >= 5 and row["wl"] == row["fl"] + 8
+    for row in rows:  # PushUp adds s >= 1 to PushDown's minimum, and the 8 buffer bits
+        assert row["fl"] >= row["fl_min"] + 1 and row["wl"] == max(row["fl"] + 8, row["wl_min"])
         assert method.states[row["layer"]].window.count == 0
     assert method.drain_switch_rows() == []
 
@@ -209,6 +224,7 @@ def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_fu
     ("method.pushup=both", "method.pushup='both' is not allowed"),
     ("method.init=xavier", "method.init='xavier' is not allowed"),
     ("method.kl_epsilon=-1", "method.kl_epsilon=-1 is not allowed"),
+    ("method.pushdown_search=below", "method.pushdown_search='below' is not allowed"),
     ("method.normalize_grads=1", "method.normalize_grads=1 is not allowed"),
 ])
 def test_bad_adapt_values_are_named(override, message):

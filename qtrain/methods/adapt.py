@@ -10,8 +10,8 @@ layer starts at <8, 4> (Sec. 4.1.1), its weights drawn by truncated-normal fan-i
 Precision switching (Algorithm 2), once per optimizer step, before the update: the strategy adapts
 to the loss (eq. 5); each layer's weight gradient, L2-normalized, joins its lookback window, and the
 lookback and resolution adapt; a layer whose window holds ``lookback`` gradients switches:
-:func:`~qtrain.methods.adapt_switching.pushdown` finds the coarsest format at or below the current
-one with no information loss (KL <= ``kl_epsilon`` at the layer's resolution, Algorithm 3),
+:func:`~qtrain.methods.adapt_switching.pushdown` finds the coarsest format with no information loss
+(KL <= ``kl_epsilon`` at the layer's resolution, Algorithm 3),
 :func:`~qtrain.methods.adapt_switching.pushup` raises it by the window's gradient diversity (eq. 4)
 and frames it with ``buffer_bits``; the window then starts over. The normalized gradients are also
 what the optimizer applies (``normalize_grads``, Sec. 3.3). Loss (Sec. 3.4): ``L + α ||W||_1 + β/2
@@ -30,10 +30,14 @@ Where the default departs from the paper or the reference code (lorenz0890/AdaPT
   stochastically rounded weights almost never reaches (a weight close to a bin edge crosses it), so
   the default tolerates 1e-3 bits. The reference's KL is not a divergence (``KLDivLoss`` on
   probabilities, often negative, so almost any format passes).
-- PushDown examines the whole weight tensor, FL from 0 and WL from FL + 1, with a correct bisection;
-  quantized values beyond the float range count in the end bins (clipping is a loss). The reference
-  examines the first output filter, searches FL from 4 and WL from FL, returns the last lossy bound,
-  and drops out-of-range values from its histogram.
+- PushDown (``pushdown_search: range``) looks for the smallest lossless format over the whole range,
+  as Sec. 3.3 states it and eq. 6 prices it, so a format that loses information rises to the smallest
+  one that does not; ``current`` searches at or below the current format only, as Algorithm 3 starts
+  from it and the reference does (from <8,4>, PushUp's one bit at a time is then the only way up). It
+  examines the whole weight tensor, FL from 0 and WL from FL + 1, with a correct bisection; quantized
+  values beyond the float range count in the end bins (clipping is a loss). The reference examines the
+  first output filter, searches FL from 4 and WL from FL, returns the last lossy bound, and drops
+  out-of-range values from its histogram.
 - PushUp is eq. 4's closed form, as in the reference, not Algorithm 4's loop. ``pushup: paper`` reads
   eq. 4 as METHODS.md gives it; ``reference`` is the code's (diversity ``k / ||Σg||``, squared terms,
   WL from the new FL). With unit-norm gradients the paper's Δs lies in [1/k, inf) and exceeds 1 only
@@ -69,6 +73,7 @@ from torch import nn
 from qtrain.cost.adapt_model import LayerState, check_baselines
 from qtrain.errors import ConfigError
 from qtrain.methods.adapt_switching import (
+    PUSHDOWN_SEARCHES,
     PUSHUP_FORMULAS,
     STRATEGIES,
     Format,
@@ -131,6 +136,7 @@ class AdaPT(PricedByPerformanceModel):
         check_number(cfg.lookback, "momentum", 0, 1, prefix="method.lookback.")
         check_number(cfg, "kl_epsilon", 0, math.inf)
         check_choice(cfg, "pushup", PUSHUP_FORMULAS)
+        check_choice(cfg, "pushdown_search", PUSHDOWN_SEARCHES)
         check_choice(cfg, "strategy", STRATEGIES)
         for key in ("l1", "l2"):
             check_number(cfg, key, 0, math.inf)
@@ -234,7 +240,8 @@ class AdaPT(PricedByPerformanceModel):
         """PushDown then PushUp for layer ``name`` (Algorithm 2, lines 6-10); its window starts over."""
         cfg, state = self.cfg, self.states[name]
         start = time.perf_counter()
-        minimal = pushdown(self.layers[name].weight, state.format, state.resolution, cfg.kl_epsilon)
+        minimal = pushdown(self.layers[name].weight, state.format, state.resolution, cfg.kl_epsilon,
+                           search=cfg.pushdown_search)
         s = increase(diversity, minimal.fl, self.strategy, cfg.pushup)
         state.format = pushup(minimal, s, cfg.buffer_bits, cfg.pushup)
         state.window.clear()

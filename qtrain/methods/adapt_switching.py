@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from qtrain.quant.formats import Rounding, fixed_point_candidates
+from qtrain.quant.rounding import key_for
 
 STRATEGIES = ("min", "mean", "max")
 PUSHUP_FORMULAS = ("paper", "reference")
@@ -73,34 +74,49 @@ def _bisect(passes: list[bool]) -> int:
 
 
 def information_loss(weights: torch.Tensor, candidates: list[Format], resolution: int,
-                     rounding: Rounding = "stochastic") -> torch.Tensor:
-    """KL(quantized || float) of ``weights`` at each candidate format, all candidates in one batch."""
+                     rounding: Rounding = "stochastic", key: torch.Tensor | None = None) -> torch.Tensor:
+    """KL(quantized || float) of ``weights`` at each candidate format, all candidates in one batch.
+
+    Every candidate rounds a weight with the same stochastic draw (``key``, or one drawn here), so
+    candidates that differ only in range lose the same information wherever neither clamps.
+    """
     flat = weights.detach().reshape(-1).float()
     finite = flat[flat.abs() < math.inf]
     if finite.numel() == 0:
         return torch.zeros(len(candidates))
     wl = torch.tensor([c.wl for c in candidates], device=flat.device)
     fl = torch.tensor([c.fl for c in candidates], device=flat.device)
-    quantized = fixed_point_candidates(finite, wl, fl, rounding)
+    quantized = fixed_point_candidates(finite, wl, fl, rounding, key)
     lo, hi = finite.min(), finite.max()
     reference = histograms(finite.reshape(1, -1), lo, hi, resolution)
     return kl_divergence(histograms(quantized, lo, hi, resolution), reference).cpu()
 
 
-def pushdown(weights: torch.Tensor, current: Format, resolution: int, epsilon: float = 0.0,
-             rounding: Rounding = "stochastic") -> Format:
-    """Algorithm 3: the coarsest format at or below ``current`` whose quantized ``weights`` keep KL <= ``epsilon``.
+PUSHDOWN_SEARCHES = ("range", "current")
+WIDEST = Format(32, 31)
 
-    First the fractional length (at the current word length, FL from 0 to the current FL), then the
-    word length (at that FL, WL from FL + 1 to the current WL), each by bisection over the candidates'
-    KL values, which are computed for all candidates of a stage at once. Bisection assumes the loss
-    grows as the format coarsens; the current format is the answer where every coarser one loses.
+
+def pushdown(weights: torch.Tensor, current: Format, resolution: int, epsilon: float = 0.0,
+             rounding: Rounding = "stochastic", search: str = "range") -> Format:
+    """The coarsest format whose quantized ``weights`` keep KL <= ``epsilon`` (Sec. 3.3, Algorithm 3).
+
+    ``search: range`` looks over every format up to <32, 31>, as Sec. 3.3 states it ("the smallest
+    quantization <WL_min, FL_min> of W s.t. KL = 0") and eq. 6 prices it (a bisection over the word
+    lengths); ``current`` only at or below the current format, as Algorithm 3 starts from it and the
+    reference code searches, so PushDown never raises a format. First the fractional length (at the
+    ceiling's word length, FL from 0 up), then the word length (at that FL, WL from FL + 1 up), each by
+    bisection over the candidates' KL values, computed for all candidates of a stage in one batch.
+    Bisection assumes the loss grows as the format coarsens; the ceiling is the answer where every
+    coarser format loses. Both stages round each weight with the same draw, so the word-length stage
+    sees the loss of the fractional length it starts from wherever a word length clamps nothing.
     """
-    fls = [Format(current.wl, fl) for fl in range(current.fl + 1)]
-    kl = information_loss(weights, fls, resolution, rounding)
+    ceiling = WIDEST if search == "range" else current
+    key = key_for(rounding == "stochastic", weights.device)  # one draw per weight for both stages
+    fls = [Format(ceiling.wl, fl) for fl in range(ceiling.fl + 1)]
+    kl = information_loss(weights, fls, resolution, rounding, key)
     fl = fls[_bisect([float(k) <= epsilon for k in kl])].fl
-    wls = [Format(wl, fl) for wl in range(fl + 1, current.wl + 1)]
-    kl = information_loss(weights, wls, resolution, rounding)
+    wls = [Format(wl, fl) for wl in range(fl + 1, ceiling.wl + 1)]
+    kl = information_loss(weights, wls, resolution, rounding, key)
     return wls[_bisect([float(k) <= epsilon for k in kl])]
 
 

@@ -44,9 +44,13 @@ def _stochastic(rounding: Rounding) -> bool:
 
 def _fixed_point_math(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
                       clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Fixed point of ``x`` at ``scale`` (2^FL) and ``bounds`` (the code range), broadcast against each other."""
+    """Fixed point of ``x`` at ``scale`` (2^FL) and ``bounds`` (the code range), broadcast against each other.
+
+    Stochastic draws are indexed by the elements of ``x``: where ``scale`` holds a column of formats,
+    every row rounds an element with the same draw.
+    """
     t = x * scale
-    codes = round_codes(t, key, stochastic=stochastic)
+    codes = round_codes(t, key, stochastic=stochastic, draws=x.shape)
     if clamp:
         out = torch.clamp(codes, bounds[0], bounds[1]) / scale
     else:  # from 2^23 steps up every float32 is on the grid: keep x (x * scale may have overflowed)
@@ -106,20 +110,22 @@ def fixed_point_with_mask(
 
 
 def fixed_point_candidates(
-    x: torch.Tensor, wl: torch.Tensor, fl: torch.Tensor, rounding: Rounding = "stochastic"
+    x: torch.Tensor, wl: torch.Tensor, fl: torch.Tensor, rounding: Rounding = "stochastic", key: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``x`` quantized at every <wl[i], fl[i]> at once: a ``(len(wl), x.numel())`` tensor, row i in <wl[i], fl[i]>.
 
-    One batched kernel for a search over formats (AdaPT's PushDown); each row equals
-    :func:`fixed_point` of ``x`` at its format (clamped), with one stochastic draw for the whole batch.
+    One batched kernel for a search over formats (AdaPT's PushDown); each row equals :func:`fixed_point`
+    of ``x`` at its format (clamped) with the same key: every row rounds an element with the same draw,
+    so formats that differ only in range give the same values wherever neither clamps. Passing the
+    same ``key`` (:func:`~qtrain.quant.rounding.key_for`) to several calls gives them the same draws.
     """
     stochastic = _stochastic(rounding)
     fl = fl.to(torch.int32).reshape(-1, 1)
     half = scale_pow2(torch.ones_like(fl, dtype=x.dtype), wl.to(torch.int32).reshape(-1, 1) - 1)
     scale = scale_pow2(torch.ones_like(fl, dtype=x.dtype), fl)
     bounds = torch.stack([-half, half - 1])
-    return _fixed_point_rows(x.reshape(1, -1), scale, bounds, key_for(stochastic, x.device),
-                             stochastic=stochastic, clamp=True, mask=False)
+    key = key_for(stochastic, x.device) if key is None else key
+    return _fixed_point_rows(x.reshape(1, -1), scale, bounds, key, stochastic=stochastic, clamp=True, mask=False)
 
 
 def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:

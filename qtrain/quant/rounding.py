@@ -75,12 +75,16 @@ def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -
     return uniform_at(torch.arange(numel, device=device, dtype=dtype).reshape(shape), key)
 
 
-def round_codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
-    """``t`` rounded to integers (as floats): half to even, or up with probability ``t - floor(t)``."""
+def round_codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool, draws: torch.Size | None = None) -> torch.Tensor:
+    """``t`` rounded to integers (as floats): half to even, or up with probability ``t - floor(t)``.
+
+    The uniform draws are indexed by the elements of ``t``, or of ``draws`` (a shape that broadcasts
+    against ``t``: rows of one tensor at several scales then share each element's draw).
+    """
     if not stochastic:
         return torch.round(t)
     low = torch.floor(t)
-    return torch.where(hashed_uniform(t.shape, key, t.device) < t - low, low + 1, low)
+    return torch.where(hashed_uniform(t.shape if draws is None else draws, key, t.device) < t - low, low + 1, low)
 
 
 def draw_key(device: torch.device) -> torch.Tensor:
