@@ -258,6 +258,7 @@ def _validate_sched(cfg: DictConfig) -> None:
     if name == "plateau":
         _require_number(cfg, "sched.factor", 0, 1, low_open=True, high_open=True)
         _require_int(cfg, "sched.patience", 0)
+        _require_number(cfg, "sched.threshold", 0)
 
 
 def _plain(value: Any) -> Any:

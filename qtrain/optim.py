@@ -38,5 +38,6 @@ def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: i
     if cfg.name == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(epochs, 1), eta_min=cfg.min_lr)
     if cfg.name == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.factor, patience=cfg.patience, min_lr=cfg.min_lr)
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.factor, patience=cfg.patience,
+                                                          threshold=cfg.threshold, min_lr=cfg.min_lr)
     raise ConfigError(f"unknown schedule {cfg.name!r} (choose from: {', '.join(SCHEDULES)})")

@@ -11,8 +11,8 @@ Prints, for ResNet-20 on 32x32x3 inputs, batch 128, on the CPU:
 - fixed-point <8,4> stochastic rounding of 4M floats divided by a copy of them (the two timed
   alternately, medians kept), and divided by QPyTorch's fixed_point_quantize (when qtorch is installed).
 PFQ runs its first stage (FW-3/BW-6); MuPPET its first (8-bit). AdaPT's step includes its per-step work
-(loss terms, gradient normalization, lookback windows); its switches (PushDown and PushUp of every layer,
-timed as one round from <20,12>, a format its layers reach in training) are amortized at the paper's
+(loss terms, gradient normalization, lookback windows); its switches (PushDown over the whole range and
+PushUp of every layer, timed as one round) are amortized at the paper's
 most frequent rate, once every 25 optimizer steps (the lookback's lower bound). DFQ and FracTrain run
 with their gates' choices drawn from TRAINED_SHARES, the option shares of a trained run (below), not
 from untrained gates (which send most samples past their blocks); dfq_mix_all runs every option for

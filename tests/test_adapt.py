@@ -25,6 +25,7 @@ from qtrain.methods.adapt_switching import (
 )
 from qtrain.methods.diversity import DiversityWindow, gradient_diversity
 from qtrain.quant import formats
+from qtrain.quant.rounding import draw_key
 from qtrain.run import run
 
 from .conftest import TINY, make_config, prepared
@@ -273,3 +274,34 @@ def test_adapt_warns_when_the_optimizer_adds_l2_again(caplog):
     caplog.clear()
     method.attach(torch.optim.SGD(model.parameters(), lr=0.1), RunFacts(64, 1, 256))
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("resolution", [50, 150])
+def test_pushdown_stops_at_the_kl_tolerance_on_gaussian_weights(resolution):
+    torch.manual_seed(3)
+    w = 0.03 * torch.randn(64, 64, 3, 3)
+    epsilon = 1e-3
+    state = torch.get_rng_state()
+    chosen = pushdown(w, Format(8, 4), resolution, epsilon)
+    torch.set_rng_state(state)
+    key = draw_key(w.device)  # the draws pushdown rounded with
+    # the bisection ends on a boundary: the chosen FL passes, the one below it does not
+    kl = information_loss(w, [Format(32, chosen.fl - 1), Format(32, chosen.fl)], resolution, key=key)
+    assert kl[1] <= epsilon < kl[0]
+    assert chosen.wl == chosen.fl + 1  # |w| < 1: one sign bit and the fraction
+
+
+def test_adapt_strategy_reads_the_mean_loss_of_the_last_average_lookback_steps():
+    method, _ = prepared("adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}")
+    for loss in (5.0, 4.0, 3.0):  # fewer than lb_avg = 3 losses recorded before these: the strategy waits
+        method._adapt_strategy(loss)
+    assert method.strategy == "min" and list(method.losses) == [5.0, 4.0, 3.0]
+    method._adapt_strategy(4.5)  # mean of 5, 4, 3 is 4 <= 4.5: one step toward more precision
+    assert method.strategy == "mean"
+    method._adapt_strategy(4.0)  # mean of 4, 3, 4.5 = 3.83 <= 4
+    assert method.strategy == "max"
+    method._adapt_strategy(1.0)  # the loss fell below the mean
+    assert method.strategy == "min"
+    resumed, _ = prepared("adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}")
+    resumed.load_state_dict(method.state_dict())
+    assert resumed.strategy == "min" and list(resumed.losses) == [4.5, 4.0, 1.0]

@@ -58,3 +58,10 @@ def test_state_round_trips():
     copy.load_state_dict(model.state_dict())
     baselines = {"same": BaselineRun(4, 1, 1)}
     assert copy.report(4, 4, baselines) == model.report(4, 4, baselines)
+
+
+def test_a_layer_without_a_quantized_copy_holds_only_its_float32_weights():
+    model = PerformanceModel({"a": 100}, {"a": 4}, accum_steps=1)
+    model.add_step({"a": LayerState(32, 1.0, quantized=False)})  # MuPPET's float32 stage
+    report = model.report(4, 4, {})
+    assert report["memory"] == 32 and report["MEM"] == 1.0

@@ -159,3 +159,19 @@ def test_muppet_run_records_its_stage_and_prices_the_run(tmp_path):
     assert model["steps"] == 8 and model["baselines"]["same"]["SU"] > 1
     precision = pd.read_csv(tmp_path / "precision.csv")
     assert set(precision.format) == {"dynamic-fixed"} and set(precision.weight_bits) == {8}
+
+
+def test_muppet_run_switches_word_length_on_a_diversity_drop(tmp_path):
+    # T(e) = 0: any window less diverse than the most diverse one so far switches (patience 1)
+    overrides = ["method=muppet", "train.epochs=6", "method.resolution=2", "method.patience=1",
+                 "method.threshold={base: 0.0, scale: 0.0, decay: 0.1}", "method.schedule=[8,12,32]"]
+    run(make_config(*TINY, *overrides), tmp_path)
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    checks = metrics.dropna(subset=["diversity"])
+    assert checks.epoch.tolist() == [2, 4, 6]
+    switched = metrics[metrics.switched == 1]
+    assert len(switched) >= 1
+    first = switched.epoch.iloc[0]
+    assert (metrics.loc[metrics.epoch > first, "word_length"] == 12).all() or len(switched) > 1
+    assert metrics.loc[metrics.epoch <= first, "word_length"].eq(8).all()
+    assert (switched.diversity < switched.diversity_max).all()  # the drop that switched, against the maximum before it

@@ -10,7 +10,8 @@ weights):
 - AdaPT's overhead, eq. (9): ``32 * (sp * ops_pd + ops_pu) / (accs * lb)`` with the PushDown and PushUp
   bounds of eqs. (6)-(7), ``ops_pd = 2 * log2(32 - 8) * r * 3 * numel`` and ``ops_pu = (lb + 1) * numel + 1``
   (``r`` the layer's resolution, ``lb`` its lookback, ``numel`` its weight count);
-- memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master), averaged over steps;
+- memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master; 32 alone where no quantized
+  copy exists), averaged over steps;
 - model size: ``Σ_l sp * WL`` after the last step;
 - sparsity (Table 5): the share of zero weights over all layers (each weighted by its weight count)
   after the last step, and its mean over steps.
@@ -85,12 +86,14 @@ def resolve_baselines(baselines: DictConfig, batch_size: int, accum_steps: int, 
 
 @dataclass(frozen=True)
 class LayerState:
-    """One layer at one step: word length, weight density, and (AdaPT) its lookback and resolution."""
+    """One layer at one step: word length, weight density, (AdaPT) its lookback and resolution, and
+    whether a quantized copy exists beside the float32 master (not in MuPPET's float32 stage)."""
 
     wl: float
     density: float
     lookback: int | None = None
     resolution: int | None = None
+    quantized: bool = True
 
 
 def pushdown_ops(resolution: int, numel: int) -> float:
@@ -126,7 +129,7 @@ class PerformanceModel:
             state = layers[name]
             train += ops * (state.density * state.wl + 32 / self.accs)
             reference += ops * (state.density * state.wl + 32)
-            memory += state.density * state.wl + 32
+            memory += state.density * state.wl * state.quantized + 32
             if state.lookback is not None:
                 numel, per_switch = self.numel[name], 32 / (self.accs * state.lookback)
                 pushdown += per_switch * state.density * pushdown_ops(state.resolution, numel)
@@ -184,7 +187,7 @@ class PerformanceModel:
         return {"train_cost": self.train_cost, "reference_cost": self.reference_cost,
                 "pushdown_cost": self.pushdown_cost, "pushup_cost": self.pushup_cost, "memory_sum": self.memory_sum,
                 "density_sum": self.density_sum, "steps": self.steps,
-                "last": {name: [s.wl, s.density, s.lookback, s.resolution] for name, s in self.last.items()}}
+                "last": {name: [s.wl, s.density, s.lookback, s.resolution, s.quantized] for name, s in self.last.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_cost, self.reference_cost = state["train_cost"], state["reference_cost"]

@@ -2,8 +2,8 @@
 
 Pure functions and one small state class, so each rule can be checked on its own:
 
-- :func:`pushdown`: the smallest <WL, FL> at or below the current one whose quantized weights lose no
-  information, by the discrete KL divergence of their histograms at the layer's resolution (eqs. 1-2,
+- :func:`pushdown`: the smallest <WL, FL> (over the whole range, or at or below the current one) whose
+  quantized weights lose no information, by the discrete KL divergence of their histograms at the layer's resolution (eqs. 1-2,
   Algorithm 3);
 - :func:`pushup`: the precision increase suggested by the gradient diversity of the lookback window
   (eqs. 3-4), and the buffer bits that frame the fixed-point range;
@@ -62,7 +62,10 @@ def kl_divergence(p_counts: torch.Tensor, q_counts: torch.Tensor) -> torch.Tenso
 
 
 def _bisect(passes: list[bool]) -> int:
-    """Index of the first passing entry by bisection, the last entry (the current format) counting as passing."""
+    """Index of the first passing entry by bisection, the last entry (the search's ceiling) counting as passing.
+
+    It ends with the entry before the answer failing (or none before it): the answer is a boundary.
+    """
     low, high = -1, len(passes) - 1
     while high - low > 1:
         mid = (low + high) // 2
@@ -135,9 +138,10 @@ def increase(diversity: float, fl_min: int, strategy: str, formula: str = "paper
 
     ``paper`` (the default) reads the garbled eq. 4 as ``s1 = max(ceil(1 / (ln Δs - 1)), 1)`` and
     ``s2 = max(min(ceil(32 log2 Δs - 1), 32) - FL_min, 1)``, applied where ``ln Δs > 0``; ``s1`` is capped
-    at 32 where ``ln Δs = 1``. ``reference`` is lorenz0890/AdaPT's reading: with ``L = ln Δs - 1``, where
-    ``L > 0``: ``s1 = max(ceil(1 / L²), 1)``, ``s2 = max(min(ceil(32 L²), 32) - FL_min, 0)``. The strategy
-    combines them: ``min``, ``ceil(mean)`` or ``max``. Otherwise, and where Δs is 0 or infinite, s = 1.
+    at 32 (where ``ln Δs`` is 1 or just above it, ``1 / (ln Δs - 1)`` has no bound). ``reference`` is
+    lorenz0890/AdaPT's reading: with ``L = ln Δs - 1``, where ``L > 0``: ``s1 = max(ceil(1 / L²), 1)``,
+    ``s2 = max(min(ceil(32 L²), 32) - FL_min, 0)``. The strategy combines them: ``min``, ``ceil(mean)``
+    or ``max``. Otherwise, and where Δs is 0 or infinite, s = 1.
     """
     if not 0 < diversity < math.inf:
         return 1

@@ -36,6 +36,8 @@ class DiversityWindow:
     def add(self, grad: torch.Tensor) -> None:
         g = grad.detach().double()
         self.sum_sq += float(g.square().sum())
+        if self.total is not None and self.total.device != g.device:  # restored from a checkpoint on the CPU
+            self.total = self.total.to(g.device)
         self.total = g.clone() if self.total is None else self.total.add_(g)
         self.count += 1
 

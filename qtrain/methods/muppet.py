@@ -103,9 +103,10 @@ class MuPPET(PricedByPerformanceModel):
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
         check_bits(cfg, "schedule", low=2)
-        if not cfg.schedule or list(cfg.schedule) != sorted(cfg.schedule) or 32 in list(cfg.schedule)[:-1]:
-            raise ConfigError(f"method.schedule={list(cfg.schedule)!r} is not allowed: increasing word lengths "
-                              "from 2 to 32, at least one, where 32 (float32) may only be the last")
+        schedule = list(cfg.schedule)
+        if not schedule or any(a >= b for a, b in zip(schedule, schedule[1:])):
+            raise ConfigError(f"method.schedule={schedule!r} is not allowed: strictly increasing word lengths "
+                              "from 2 to 32, at least one (32, float32, can only be the last)")
         check_int(cfg, "resolution", 1)
         check_int(cfg, "patience", 1)
         for key in ("base", "scale", "decay"):
@@ -160,7 +161,7 @@ class MuPPET(PricedByPerformanceModel):
                 densities = [weight_density(layer) for layer in self.layers.values()]
             else:
                 densities = torch.stack([layer.quant.weight.density for layer in self.layers.values()]).tolist()
-            self.price_step({name: LayerState(wl, d) for name, d in zip(self.layers, densities)})
+            self.price_step({name: LayerState(wl, d, quantized=wl != 32) for name, d in zip(self.layers, densities)})
         return loss
 
     @torch.no_grad()
@@ -178,7 +179,7 @@ class MuPPET(PricedByPerformanceModel):
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         trained = self.word_length
         diversity = ratio = threshold = math.nan
-        switched = False
+        switched, maximum = False, self.policy.maximum
         if trained != 32 and self.stage < len(self.cfg.schedule) - 1:
             for name, grad in self.last_grads.items():
                 self.windows[name].add(grad)
@@ -186,8 +187,9 @@ class MuPPET(PricedByPerformanceModel):
                 diversity = sum(w.diversity() for w in self.windows.values()) / len(self.windows)
                 for window in self.windows.values():
                     window.clear()
+                maximum = max(self.policy.maximum, diversity)  # as compared, before a switch resets it
                 ratio, threshold, switched = self.policy.update(diversity, epoch)
-        metrics.update(word_length=trained, diversity=diversity, diversity_max=self.policy.maximum,
+        metrics.update(word_length=trained, diversity=diversity, diversity_max=maximum,
                        diversity_ratio=ratio, threshold=threshold, violations=self.policy.violations,
                        switched=int(switched))
         if switched:

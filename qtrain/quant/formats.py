@@ -89,7 +89,8 @@ def fixed_point(
 
     With ``clamp=False`` values beyond the range are rounded onto the grid but not clamped (QPyTorch's
     ``clamp=False``: the precision of the format without its range). NaN stays NaN; ±inf clamp to the
-    ends of the range, or stay ±inf without clamping.
+    ends of the range, or stay ±inf without clamping. Codes are float32: from ``wl = 26`` the top code
+    ``2^(wl-1) - 1`` is not a float32 and the range's upper end rounds to ``2^(wl-1)``.
     """
     stochastic = _stochastic(rounding)
     scale, bounds = _fixed_args(x, wl, fl, symmetric)
