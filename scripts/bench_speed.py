@@ -1,6 +1,6 @@
 """Speed and memory of quantized training against float32, measured in one run on this machine.
 
-    python scripts/bench_speed.py [--steps 20] [--batch 128] [--rounds 3]
+    python scripts/bench_speed.py [--steps 20] [--batch 128] [--rounds 3] [--methods sbm pfq ...]
 
 Prints, for ResNet-20 on 32x32x3 inputs, batch 128, on the CPU:
 - the median time of one training step (forward, backward, optimizer) of each method divided by float32's;
@@ -174,22 +174,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds per method (median kept)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="methods to time (float32, the reference, always runs)")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    methods = ["float32", *[m for m in args.methods if m != "float32"]]
     if args.one:
         print(json.dumps(one_method(args.one, args.steps, args.batch)))
         return
     # Methods take turns over several rounds and each keeps its median, so that a burst of other load
     # on a shared machine does not land on one method only.
-    times: dict[str, list[float]] = {name: [] for name in METHODS}
+    times: dict[str, list[float]] = {name: [] for name in methods}
     for round_ in range(args.rounds):
-        for name in METHODS:
+        for name in methods:
             if name in SLOW and round_:
                 continue  # the reference's K-fold execution: one short round tells its ratio
             steps = min(args.steps, 5) if name in SLOW else args.steps
             times[name].append(_child(name, steps, args.batch, os.environ)["step_s"])
     results = {}
-    for name in METHODS:
+    for name in methods:
         # A fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so
         # the resident size follows the live tensors and its high-water mark is the step's peak. It
         # slows allocation down, so memory is measured in a process of its own, not while timing.
@@ -210,8 +213,9 @@ def main() -> None:
     print(f"target: time <= {TIME_TARGET}x float32 (DFQ, FracTrain, AdaPT <= {TIME_TARGETS['dfq']}x), "
           f"memory <= {MEMORY_TARGET}x; cost %: the bit-MAC cost "
           "of the measured steps in percent of float32 (DFQ/FracTrain: gates drawing from TRAINED_SHARES)")
-    print(f"adapt: one round of switches (every layer) {results['adapt']['switch_s']:.3f} s, amortized over "
-          f"{ADAPT_SWITCH_EVERY} steps in its step time")
+    if "adapt" in results:
+        print(f"adapt: one round of switches (every layer) {results['adapt']['switch_s']:.3f} s, amortized over "
+              f"{ADAPT_SWITCH_EVERY} steps in its step time")
     sr = rounding_ratios()
     ratio = sr["ours_sr_ms"] / sr["copy_ms"]
     print(f"stochastic rounding of 4M floats: {sr['ours_sr_ms']:.2f} ms = {ratio:.2f}x a copy ({sr['copy_ms']:.2f} ms, "

@@ -11,6 +11,7 @@ from qtrain.errors import ConfigError
 from qtrain.methods import build_method
 from qtrain.methods.muppet import DiversityPolicy, muppet_threshold
 from qtrain.quant import formats
+from qtrain.quant.quantizers import DynamicFixedPoint, FixedPoint
 from qtrain.run import run
 
 from .conftest import TINY, make_config, prepared
@@ -175,3 +176,27 @@ def test_muppet_run_switches_word_length_on_a_diversity_drop(tmp_path):
     assert (metrics.loc[metrics.epoch > first, "word_length"] == 12).all() or len(switched) > 1
     assert metrics.loc[metrics.epoch <= first, "word_length"].eq(8).all()
     assert (switched.diversity < switched.diversity_max).all()  # the drop that switched, against the maximum before it
+
+
+@pytest.mark.parametrize("quantizer,dtype", [
+    (lambda: DynamicFixedPoint(8), torch.int8),
+    (lambda: DynamicFixedPoint(16), torch.int16),
+    (lambda: FixedPoint(8, 4), torch.int8),
+    (lambda: FixedPoint(12, 9, clamp_grad_zero=True), torch.int16),
+])
+def test_fixed_point_activations_are_saved_as_codes_and_come_back_exactly(quantizer, dtype):
+    torch.manual_seed(0)
+    q = quantizer().train()
+    x = 3 * torch.randn(4, 8, 5, 5)
+    state = torch.get_rng_state()
+    out, saved = q.compact(x)
+    assert saved[0].dtype == dtype and torch.equal(q.expand(saved, x.shape), out)
+    grad = torch.ones_like(x)
+    expected = grad
+    if getattr(q, "clamp_grad_zero", False):  # the mask of the same draws, from the format function
+        torch.set_rng_state(state)
+        expected = torch.where(formats.fixed_point_with_mask(x, 12, 9, "stochastic")[1], grad, 0.0)
+    assert torch.equal(q.masked_grad(grad, saved), expected)
+    assert q.eval().compact(x)[1][0].is_floating_point()  # evaluation saves nothing for backward
+    wide = FixedPoint(24, 8).train()
+    assert wide.compact(x)[1][0].is_floating_point()  # beyond 16 bits codes would save nothing

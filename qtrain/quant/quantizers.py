@@ -15,6 +15,7 @@ from torch import nn
 
 from qtrain.quant import formats
 from qtrain.quant.formats import Granularity, Rounding
+from qtrain.quant.rounding import scale_pow2
 
 
 class Quantizer(nn.Module):
@@ -57,6 +58,21 @@ class Quantizer(nn.Module):
         return grad
 
 
+def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...] | None:
+    """What backward saves of a tensor on the fixed-point grid <bits, fl>: its integer codes (1 byte up to
+    8 bits, 2 up to 16) and the step ``2^-fl``, which give it back exactly; None where codes save nothing."""
+    dtype = torch.int8 if bits <= 8 else torch.int16 if bits <= 16 else None
+    if dtype is None:
+        return None
+    fl = fl.to(device=out.device, dtype=torch.int32)
+    return scale_pow2(out, fl).to(dtype), scale_pow2(torch.ones((), device=out.device), -fl)
+
+
+def expand_codes(saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The tensor :func:`fixed_codes` saved (a float tensor saved as itself comes back as it is)."""
+    return saved[0] if saved[0].is_floating_point() else saved[0].float() * saved[1]
+
+
 class FixedPoint(Quantizer):
     """Fixed point <wl, fl>; ``clamp=False`` rounds without saturating (QPyTorch's ``clamp``).
 
@@ -91,14 +107,20 @@ class FixedPoint(Quantizer):
         return formats.fixed_point_with_mask(x, self.bits, self.fl, self.rounding, self.symmetric)
 
     def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Saves the quantized tensor and, with ``clamp_grad_zero``, the mask of unclamped elements."""
+        """In training, saves integer codes up to 16 bits (clamped formats), else the quantized tensor;
+        with ``clamp_grad_zero``, also the mask of unclamped elements."""
         if bits is not None:
             return super().compact(x, bits)  # refuses: no per-sample bit-widths
         out, passes = self.forward_with_mask(x)
-        return out, (out,) if passes is None else (out, passes)
+        codes = fixed_codes(out, torch.tensor(self.fl), self.bits) if self.training and self.clamp else None
+        saved = codes if codes is not None else (out,)
+        return out, saved if passes is None else (*saved, passes)
+
+    def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
+        return expand_codes(saved)
 
     def masked_grad(self, grad: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return grad if len(saved) == 1 else torch.where(saved[1], grad, 0.0)
+        return torch.where(saved[-1], grad, 0.0) if saved[-1].dtype == torch.bool else grad
 
     def extra_repr(self) -> str:
         extra = "" if self.clamp else ", clamp=False"
@@ -123,6 +145,15 @@ class DynamicFixedPoint(Quantizer):
         out, fl = formats.dynamic_fixed_point(x, self.bits, self.rounding)
         self.fl.copy_(fl)
         return out
+
+    def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """In training, saves integer codes up to 16 bits and the tensor's step instead of float32 values."""
+        out, saved = super().compact(x, bits)
+        codes = fixed_codes(out, self.fl, self.bits) if self.training else None
+        return out, codes if codes is not None else saved
+
+    def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
+        return expand_codes(saved)
 
     def extra_repr(self) -> str:
         return f"wl={self.bits}, rounding={self.rounding}"
