@@ -196,12 +196,13 @@ class AdaPT(PricedByPerformanceModel):
         if cfg.l2:
             total = total + cfg.l2 / 2 * sum(w.square().sum() for w in weights)
         if self.model.training:
-            densities = torch.stack([layer.quant.weight.density for layer in self.layers.values()])
+            # one read of the densities serves the penalty (a constant: no gradient) and the price
+            densities = torch.stack([layer.quant.weight.density for layer in self.layers.values()]).tolist()
             if cfg.penalty:
-                wl = torch.tensor([s.format.wl for s in self.states.values()], dtype=densities.dtype)
-                total = total + (wl.to(densities.device) / 32 * densities).mean()
+                wl = torch.tensor([s.format.wl for s in self.states.values()], dtype=torch.float32)
+                total = total + (wl / 32 * torch.tensor(densities)).mean()
             self.price_step({name: LayerState(s.format.wl, d, s.lookback, s.resolution)
-                             for (name, s), d in zip(self.states.items(), densities.tolist())})
+                             for (name, s), d in zip(self.states.items(), densities)})
             self.step_losses.append(total.detach())
         return total
 
