@@ -24,11 +24,12 @@ format. Inputs are float32; each format runs as one fused kernel (:func:`qtrain.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 
-from qtrain.quant.rounding import fused, key_for, round_codes, scale_pow2
+from qtrain.quant.rounding import fused, key_for, pow2, round_codes, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -352,34 +353,101 @@ def decode_codes(compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape
     return _decode(*compact).view(shape)
 
 
+def block_exponent(max_abs: torch.Tensor) -> torch.Tensor:
+    """E = floor(log2(m)) of each block's largest finite magnitude ``m`` (int32; -1 where m = 0)."""
+    return torch.frexp(max_abs).exponent - 1
+
+
+def _finite_max(x: torch.Tensor) -> torch.Tensor:
+    """Each block's largest finite magnitude: blocks per index of dimension 1 of a 3-D ``x`` (over dimensions 0
+    and 2), or per tile of a 5-D one (:func:`tile_view`)."""
+    return torch.where(x.abs() < math.inf, x.abs(), 0.0).amax(dim=(0, 2) if x.dim() == 3 else TILE_DIMS, keepdim=True)
+
+
+def _halves(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """2^k as two float32 factors (:func:`~qtrain.quant.rounding.scale_pow2`'s), so k in [-252, 252] never overflows."""
+    half = k >> 1
+    return pow2(half), pow2(k - half)
+
+
+def _block_steps(max_abs: torch.Tensor, wl: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per block, as float32 factors: 2^k that takes values to codes (the step is 2^-k = 2^(E + 2 - wl), E at least
+    ``wl - 151`` so that the step stays >= 2^-149) and 2^-k back, each as two halves, and the largest code
+    (negative for a skipped, 0-bit block)."""
+    k = wl - 2 - block_exponent(max_abs).clamp_min(wl - 151)
+    qmax = (pow2(wl - 1) - 1).expand(max_abs.shape)  # block-shaped always: one compiled kernel serves every width
+    return (*_halves(k), *_halves(-k), qmax)
+
+
 @fused
-def _block_floating_point(x: torch.Tensor, key: torch.Tensor, *, wl: int, stochastic: bool) -> torch.Tensor:
-    """Blocks of ``x`` (3-D): one shared exponent per index of dimension 1, over dimensions 0 and 2."""
-    finite = x.abs() < math.inf
-    max_abs = torch.where(finite, x.abs(), 0.0).amax(dim=(0, 2), keepdim=True)
-    # E = floor(log2(max)), at least wl - 151 so that the step 2^(E + 2 - wl) stays >= 2^-149
-    e = (torch.frexp(max_abs).exponent - 1).clamp_min(wl - 151)
-    qmax = 2.0 ** (wl - 1) - 1
-    codes = round_codes(scale_pow2(x, wl - 2 - e), key, stochastic=stochastic).clamp(-qmax, qmax)
-    return torch.where(finite, scale_pow2(codes, e + 2 - wl), x)
+def _block_factors(x: torch.Tensor, wl: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The blocks' maxima (:func:`_finite_max`) and their :func:`_block_steps`, in one kernel at block granularity."""
+    max_abs = _finite_max(x)
+    return max_abs, *_block_steps(max_abs, wl)
 
 
-def _to_tiles(x: torch.Tensor, block: int, dims: tuple[int, int]) -> tuple[torch.Tensor, tuple]:
-    """View ``x`` as rows of ``block x block`` tiles over ``dims`` (zero-padded at the edges)."""
+_block_steps_fused = fused(_block_steps)
+
+
+@fused
+def _block_quantize(x: torch.Tensor, up1: torch.Tensor, up2: torch.Tensor, down1: torch.Tensor, down2: torch.Tensor,
+                    qmax: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
+    """The elements of ``x`` on their blocks' grids (the factors of :func:`_block_steps`, broadcast over the
+    blocks); a block whose ``qmax`` is negative (width 0) becomes zero, whatever it held."""
+    codes = torch.clamp(round_codes(x * up1 * up2, key, stochastic=stochastic), -qmax, qmax)
+    out = torch.where(x.abs() < math.inf, codes * down1 * down2, x)
+    return torch.where(qmax >= 0, out, 0.0)
+
+
+def _blocks(x: torch.Tensor, wl: torch.Tensor, key: torch.Tensor, stochastic: bool,
+            max_abs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block floating point of ``x`` (3-D or 5-D, :func:`_finite_max`) at ``wl`` (one width, or one per block in
+    the shape of the blocks' maxima); returns the result and the maxima.
+
+    Two kernels, so the per-block factors are computed once per block and not for every element.
+    """
+    if max_abs is None:
+        max_abs, *factors = _block_factors(x, wl)
+    else:
+        factors = _block_steps_fused(max_abs, wl)
+    return _block_quantize(x, *factors, key, stochastic=stochastic), max_abs
+
+
+TILE_DIMS = (1, 3)  # the dimensions a k x k tile spans in the view of :func:`tile_view`
+
+
+def tile_view(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, Callable]:
+    """``x`` as ``(na, k, nb, k, r)``: k x k tiles over ``dims`` (zero-padded at the edges) for every index r of
+    the other dimensions, and the function that takes a tensor of that shape back to ``x``'s layout.
+
+    Where ``dims`` are the first two and need no padding, the view shares ``x``'s memory (no copy). The
+    tiles, flattened as ``(na, nb, r)``, run over ``dims[0]`` outermost, then ``dims[1]``, then the rest:
+    the order of a per-tile width map.
+    """
     moved = x.movedim(dims, (0, 1))
     a, b = moved.shape[:2]
     rest = moved.reshape(a, b, -1)
     pa, pb = -a % block, -b % block
-    rest = torch.nn.functional.pad(rest, (0, 0, 0, pb, 0, pa))
+    if pa or pb:
+        rest = torch.nn.functional.pad(rest, (0, 0, 0, pb, 0, pa))
     na, nb, r = (a + pa) // block, (b + pb) // block, rest.shape[2]
-    tiles = rest.reshape(na, block, nb, block, r).permute(0, 2, 4, 1, 3).reshape(-1, block * block)
-    return tiles, (moved.shape, a, b, na, nb, r)
+    return rest.reshape(na, block, nb, block, r), lambda y: _untile(y, x.shape, dims)
 
 
-def _from_tiles(tiles: torch.Tensor, block: int, dims: tuple[int, int], layout: tuple) -> torch.Tensor:
-    moved_shape, a, b, na, nb, r = layout
-    rest = tiles.reshape(na, nb, r, block, block).permute(0, 3, 1, 4, 2).reshape(na * block, nb * block, r)
-    return rest[:a, :b].reshape(moved_shape).movedim((0, 1), dims)
+def _untile(tiles: torch.Tensor, shape: torch.Size, dims: tuple[int, int]) -> torch.Tensor:
+    """A ``(na, k, nb, k, r)`` tensor (:func:`tile_view`) back in the layout of a tensor of ``shape``."""
+    moved = torch.Size([shape[d] for d in dims]) + torch.Size(s for i, s in enumerate(shape) if i not in dims)
+    na, k, nb, _, r = tiles.shape
+    return tiles.reshape(na * k, nb * k, r)[: moved[0], : moved[1]].reshape(moved).movedim((0, 1), dims)
+
+
+def tile_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)) -> torch.Tensor:
+    """The sum of each k x k tile of ``x`` (:func:`tile_view`), flat in the tiles' order."""
+    return tile_view(x, block, dims)[0].sum(dim=TILE_DIMS).reshape(-1)
+
+
+def _wl(wl: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(wl, dtype=torch.int32, device=device)
 
 
 def block_floating_point(
@@ -406,18 +474,97 @@ def block_floating_point(
         raise ValueError("block floating point takes k x k tiles (block) or per-slice exponents (dim), not both")
     if x.numel() == 0:
         return x.clone()
-    stochastic = _stochastic(rounding)
-    key = key_for(stochastic, x.device)
     if block is not None:
-        tiles, layout = _to_tiles(x, block, dims)
-        out = _block_floating_point(tiles.unsqueeze(0), key, wl=wl, stochastic=stochastic)
-        return _from_tiles(out.squeeze(0), block, dims, layout)
+        return tile_floating_point(x, wl, rounding, block, dims)[0]
     if dim is None:
         rows = x.reshape(1, 1, -1)
     else:
         d = dim % x.dim()
         rows = x.reshape(math.prod(x.shape[:d]), x.shape[d], -1)
-    return _block_floating_point(rows, key, wl=wl, stochastic=stochastic).view_as(x)
+    stochastic = _stochastic(rounding)
+    out, _ = _blocks(rows, _wl(wl, x.device), key_for(stochastic, x.device), stochastic)
+    return out.view_as(x)
+
+
+def tile_floating_point(
+    x: torch.Tensor,
+    wl: int | torch.Tensor,
+    rounding: Rounding = "nearest",
+    block: int = 4,
+    dims: tuple[int, int] = (0, 1),
+    also: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Block floating point on the k x k tiles of ``dims`` (:func:`tile_view`) at a width per tile or one for all.
+
+    ``wl`` is one width or an integer tensor with one per tile in the tiles' order (DYNASTY's bit-width
+    map); tiles of width 0 become zero (a skipped block). ``also`` quantizes the same tiles at a second,
+    uniform width in the same pass. Returns the result, the result at ``also`` (or None) and each
+    tile's largest finite magnitude (flat, in the tiles' order).
+    """
+    view, back = tile_view(x, block, dims)
+    na, _, nb, _, r = view.shape
+    stochastic = _stochastic(rounding)
+    key = key_for(stochastic, x.device)
+    widths = _wl(wl, x.device)
+    if widths.dim():
+        widths = widths.reshape(na, 1, nb, 1, r)
+    out, max_abs = _blocks(view, widths, key, stochastic)
+    out_also = None if also is None else back(_blocks(view, _wl(also, x.device), key, stochastic, max_abs)[0])
+    return back(out), out_also, max_abs.reshape(-1)
+
+
+@fused
+def _largest_finite_exponent(x: torch.Tensor) -> torch.Tensor:
+    return block_exponent(torch.where(x.abs() < math.inf, x.abs(), 0.0).amax())
+
+
+@fused
+def _scaled_squares(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return scale_pow2(torch.where(x.abs() < math.inf, x, 0.0), -k).square()
+
+
+def tile_square_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)) -> torch.Tensor:
+    """The sum of squares of each k x k tile's finite elements (float64, flat in the tiles' order).
+
+    The squares are taken in float32 after scaling the tensor by a power of two that brings its largest
+    magnitude to [1, 2), so tiny gradients do not underflow and large ones do not overflow, and summed
+    in float64, outside the compiled kernels (so compiled and eager runs sum in the same order).
+    """
+    view = tile_view(x, block, dims)[0]
+    k = _largest_finite_exponent(view)
+    sums = _scaled_squares(view, k).sum(dim=TILE_DIMS, dtype=torch.float64)
+    return torch.ldexp(sums.reshape(-1), 2 * k.double())
+
+
+@fused
+def _tile_codes(view: torch.Tensor, up1: torch.Tensor, up2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (view * up1 * up2).to(torch.int8), torch.isfinite(view).all()
+
+
+@fused
+def _tile_decode(codes: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    return codes.to(torch.float32) * step
+
+
+def tile_codes(quantized: torch.Tensor, wl: int | torch.Tensor, max_abs: torch.Tensor, block: int = 4,
+               dims: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What :func:`tile_floating_point` gave at ``wl`` (at most 8 bits) with the tiles' maxima ``max_abs``, as
+    integer codes (int8, in the tiles' view) and each tile's step: a quarter of the memory, decoded exactly
+    by :func:`tile_decode`. None where it holds NaN or infinity (no code for them: keep the floats)."""
+    view, _ = tile_view(quantized, block, dims)
+    na, _, nb, _, r = view.shape
+    widths = _wl(wl, quantized.device)
+    up1, up2, down1, down2, qmax = _block_steps_fused(max_abs.reshape(na, 1, nb, 1, r),
+                                                      widths.reshape(na, 1, nb, 1, r) if widths.dim() else widths)
+    codes, finite = _tile_codes(view, up1, up2)
+    if not finite:
+        return None
+    return codes, torch.where(qmax > 0, down1 * down2, 0.0)  # a 2^-k of at least 2^-149: the product is exact
+
+
+def tile_decode(codes: torch.Tensor, step: torch.Tensor, shape: torch.Size, dims: tuple[int, int] = (0, 1)) -> torch.Tensor:
+    """The tensor of ``shape`` whose :func:`tile_codes` are ``codes`` and ``step``."""
+    return _untile(_tile_decode(codes, step), shape, dims)
 
 
 @fused

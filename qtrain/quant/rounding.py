@@ -112,20 +112,22 @@ def set_fused(enabled: bool) -> None:
     _FUSED["enabled"] = enabled
 
 
-def _specialized(fn: Callable[..., Any], static: dict[str, Any]) -> Callable[..., Any]:
+def _specialized(fn: Callable[..., Any], static: dict[str, Any], shapes: str) -> Callable[..., Any]:
     """A copy of ``fn`` with its keyword-only ``static`` arguments bound, under a code object of its own.
 
     Dynamo keeps its compiled variants and its recompile limit per code object; a copy per static
-    signature keeps the variants of one signature from crowding out those of another.
+    signature and shape class (``shapes``) keeps the variants of one from crowding out those of another.
     """
-    code = fn.__code__.replace(co_name=f"{fn.__name__}__" + "_".join(str(v) for v in static.values()))
+    tag = "_".join([*(str(v) for v in static.values()), shapes])
+    code = fn.__code__.replace(co_name=f"{fn.__name__}__{tag}")
     clone = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
     clone.__kwdefaults__ = {**(fn.__kwdefaults__ or {}), **static}
     return clone
 
 
 def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords.
+    """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords and
+    pattern of size-1 dimensions of the tensors.
 
     Static arguments must be keyword-only. Tensor arguments are detached and made contiguous, so a
     compiled kernel is guarded on shapes alone. The whole function must compile as one graph
@@ -139,12 +141,14 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
         tensors = tuple(t.detach().contiguous() for t in tensors)
         if not _FUSED["enabled"]:
             return fn(*tensors, **static)
-        signature = tuple(sorted(static.items()))
+        # dynamic shapes still specialize every dimension of size 1: one kernel per such pattern (and rank)
+        shapes = "x".join("".join("1" if d == 1 else "n" for d in t.shape) for t in tensors)
+        signature = (tuple(sorted(static.items())), shapes)
         if signature not in kernels:
             # no fused multiply-add contraction (Triton's default): the eager ops round each product
             # the thread count is fixed into the generated code: naming it keys inductor's cache on it, so a
             # kernel compiled by a single-threaded process is not reused serially by a multi-threaded one
-            kernels[signature] = torch.compile(_specialized(fn, static), dynamic=True, fullgraph=True,
+            kernels[signature] = torch.compile(_specialized(fn, static, shapes), dynamic=True, fullgraph=True,
                                                options={"emulate_precision_casts": True,
                                                         "cpp.threads": torch.get_num_threads()})
         try:
