@@ -259,6 +259,7 @@ def _validate_sched(cfg: DictConfig) -> None:
         _require_number(cfg, "sched.factor", 0, 1, low_open=True, high_open=True)
         _require_int(cfg, "sched.patience", 0)
         _require_number(cfg, "sched.threshold", 0)
+    _require_int(cfg, "sched.warmup_epochs", 0)
 
 
 def _plain(value: Any) -> Any:
@@ -282,6 +283,8 @@ def validate(cfg: DictConfig) -> None:
     _validate_data(cfg)
     _validate_optim(cfg)
     _validate_sched(cfg)
+    if cfg.hardware.target_acc is not None:
+        _require_number(cfg, "hardware.target_acc", 0, 1, low_open=True)
 
 
 # ---- a run's identity ----

@@ -17,20 +17,32 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Bits:
-    """Bit-widths of weights, activations, the error-path gradient and the weight-gradient-path gradient."""
+    """Bit-widths of the operands of a layer's three training GEMMs.
+
+    ``weight`` and ``act`` meet in the forward GEMM, ``grad`` (the error-path gradient) and ``weight``
+    in the error GEMM, ``act_weight`` and ``grad_weight`` (the activation and gradient on the
+    weight-gradient path) in the weight-gradient GEMM. ``act_weight`` None means ``act`` (only
+    DYNASTY quantizes the activation differently there).
+    """
 
     weight: float = 32
     act: float = 32
     grad: float = 32
     grad_weight: float = 32
+    act_weight: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.act_weight is None:
+            object.__setattr__(self, "act_weight", self.act)
+
+    def gemm_operands(self) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+        """The (input-side, weight-side) operand bits of the forward, error and weight-gradient GEMMs."""
+        return (self.act, self.weight), (self.grad, self.weight), (self.act_weight, self.grad_weight)
 
     def gemm_fractions(self) -> tuple[float, float, float]:
         """Cost of the forward, error and weight-gradient GEMMs relative to float32 (FracTrain's CC)."""
-        return (
-            self.act * self.weight / 1024,
-            self.grad * self.weight / 1024,
-            self.act * self.grad_weight / 1024,
-        )
+        (a, w), (g, w), (aw, gw) = self.gemm_operands()
+        return a * w / 1024, g * w / 1024, aw * gw / 1024
 
 
 FLOAT32 = Bits()
@@ -112,5 +124,6 @@ def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[
         for share, bits in entry.options:
             rows.append({"epoch": epoch, "step": step, "layer": name, "event": "epoch", "format": entry.fmt,
                          "share": share, "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
-                         "grad_weight_bits": bits.grad_weight, "density": density, **(extra or {}).get(name, {})})
+                         "grad_weight_bits": bits.grad_weight, "act_weight_bits": bits.act_weight, "density": density,
+                         **(extra or {}).get(name, {})})
     return rows

@@ -39,12 +39,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain.config import digest, first_difference, identity, validate
-from qtrain.cost import CostMeter, gemm_layers
+from qtrain.cost import CostMeter, gemm_layers, operand_sizes, to_target
 from qtrain.data import DATASETS, BatchStream, load_data
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
-from qtrain.models import MODELS, build_model
-from qtrain.optim import build_optimizer, build_scheduler
+from qtrain.models import MODELS, build_model, check_model_config
+from qtrain.optim import build_optimizer, build_scheduler, build_warmup
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
 from qtrain.results import COST, METRICS, PRECISION, RunFiles
@@ -143,6 +143,7 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
     for name, known, what in ((cfg.data.name, DATASETS, "dataset"), (cfg.model.name, MODELS, "model")):
         if name not in known:
             raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(sorted(known))})")
+    check_model_config(cfg.model)
     device = _device(cfg.device)
     method = build_method(cfg.method)
     initial = None if cfg.train.init_from is None else initial_weights(cfg.train.init_from)
@@ -185,6 +186,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
             "percent_of_float32": meter.percent_of_float32(),
             "savings_percent": 100.0 - meter.percent_of_float32() if f32 else 0.0,
         },
+        "hardware": _hardware(cfg, progress, meter),
         **({method.name: report} if report else {}),
         "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step, "loss": diverged.loss},
         "wall_seconds": progress.elapsed,
@@ -195,6 +197,16 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "identity": ident,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+
+
+def _hardware(cfg: DictConfig, progress: Progress, meter: CostMeter) -> dict[str, Any] | None:
+    """Each hardware model's totals and, where ``hardware.target_acc`` is set and reached, the figures at that epoch."""
+    if meter.hardware is None:
+        return None
+    totals = meter.hardware.totals()
+    target = cfg.hardware.target_acc
+    reached = None if target is None else to_target(progress.history, target, list(totals))
+    return {"models": totals, "target_acc": target, "to_target": reached}
 
 
 def record_failure(cfg: DictConfig, run_dir: str | Path, error: str) -> None:
@@ -257,7 +269,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     data = load_data(cfg.data)
     train_split, test_split = data.train.to(device), data.test.to(device)
     channels, height, width = data.image_shape
-    model = build_model(cfg.model.name, channels, data.num_classes, (height, width)).to(device)
+    model = build_model(cfg.model.name, channels, data.num_classes, (height, width), cfg.model).to(device)
     if plan.initial is not None:
         ours = model.state_dict()
         if plan.initial.keys() != ours.keys() or any(plan.initial[k].shape != ours[k].shape for k in ours):
@@ -266,7 +278,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
                               "with the same number of classes)")
         model.load_state_dict(plan.initial)
     model = method.prepare(model).to(device)  # what prepare added (quantizer buffers, gates) joins the model's device
-    meter = CostMeter(method.profile(model, train_split.images[:2].float()))
+    sample = train_split.images[:2].float()
+    meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, len(train_split.labels)))
@@ -277,6 +290,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         BatchStream(data, test_split, cfg.train.eval_batch_size, cfg.seed, False),
         cfg.train.epochs, cfg.train.accum_steps, cfg.progress,
     )
+    trainer.warmup = build_warmup(cfg.sched, optimizer, -(-len(trainer.train_batches) // cfg.train.accum_steps))
     precision_log: list[dict] = []
 
     if checkpoint is not None:
@@ -284,6 +298,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
+        if trainer.warmup is not None:
+            trainer.warmup.load_state_dict(checkpoint["warmup"])
         meter.load_state_dict(checkpoint["meter"])
         trainer.progress = Progress(**checkpoint["progress"])
         precision_log = checkpoint["precision_log"]
@@ -303,6 +319,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         files.save_checkpoint({
             "identity": ident, "device_type": device.type, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "method": method.state_dict(),
+            "warmup": trainer.warmup.state_dict() if trainer.warmup is not None else None,
             "meter": meter.state_dict(), "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
         })
         row = progress.history[-1]

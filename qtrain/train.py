@@ -53,6 +53,7 @@ class Trainer:
     epochs: int
     accum_steps: int = 1
     show_progress: bool = True
+    warmup: torch.optim.lr_scheduler.LinearLR | None = None  # stepped per optimizer step until it ends
     progress: Progress = field(default_factory=Progress)
     epoch_precision: EpochPrecision = field(default_factory=EpochPrecision)  # of the last epoch trained
 
@@ -77,6 +78,7 @@ class Trainer:
                 **metrics, "effective_macs": self.meter.total(),
                 "percent_of_float32": self.meter.percent_of_float32(),
                 "epoch_seconds": seconds, "wall_seconds": self.progress.elapsed,
+                **(self.meter.hardware.columns() if self.meter.hardware is not None else {}),
             })
             on_epoch_end(self.progress)
         return self.progress
@@ -108,6 +110,8 @@ class Trainer:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.progress.step += 1
+                if self.warmup is not None and self.progress.step <= self.warmup.total_iters:
+                    self.warmup.step()
                 self.method.after_step(info)
             loss_sum += (value if total is loss else loss.item()) * len(y)
             correct += (logits.argmax(1) == y).sum()  # stays on the device until the epoch ends

@@ -56,3 +56,32 @@ def test_mobilenetv2_cifar_layout():
     # CIFAR strides: 32x32 in, three stride-2 stages, 4x4 at the last block
     out = model.head(model.blocks(model.stem(torch.randn(1, 3, 32, 32))))
     assert out.shape == (1, 1280, 4, 4)
+
+
+def _torchvision_resnet18(num_classes, cifar):
+    from torchvision.models import resnet18
+
+    net = resnet18(num_classes=num_classes)
+    if cifar:
+        net.conv1, net.maxpool = nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.Identity()
+    return net
+
+
+@pytest.mark.parametrize("size,classes,form", [(224, 1000, "imagenet"), (32, 100, "cifar"), (64, 10, "cifar"),
+                                               (96, 10, "imagenet")])
+def test_resnet18_matches_torchvision_in_both_forms(size, classes, form):
+    ours = build_model("resnet18", 3, classes, (size, size))
+    theirs = _torchvision_resnet18(classes, form == "cifar")
+    assert ours.form == form
+    shapes = [tuple(p.shape) for p in ours.parameters()]
+    assert sorted(shapes) == sorted(tuple(p.shape) for p in theirs.parameters())
+    if size == 224:
+        assert sum(p.numel() for p in ours.parameters()) == 11_689_512  # torchvision's documented count
+
+
+def test_resnet18_stem_from_the_config_and_its_output():
+    model = build_model("resnet18", 3, 10, (32, 32), {"name": "resnet18", "stem": "imagenet"})
+    assert model.form == "imagenet" and model.conv1.kernel_size == (7, 7)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ConfigError, match="model.stem='big' is not allowed"):
+        build_model("resnet18", 3, 10, (32, 32), {"name": "resnet18", "stem": "big"})

@@ -1,6 +1,7 @@
-"""Cost accounting: MAC profiles of models and the per-step bit-MAC meter."""
+"""Cost accounting: MAC profiles of models, the per-step bit-MAC meter and the hardware models that price it."""
 
+from qtrain.cost.hardware import HardwareMeter, to_target
 from qtrain.cost.meter import CostMeter
-from qtrain.cost.profile import gemm_layers, profile_macs
+from qtrain.cost.profile import OperandSizes, gemm_layers, operand_sizes, profile_macs
 
-__all__ = ["CostMeter", "gemm_layers", "profile_macs"]
+__all__ = ["CostMeter", "HardwareMeter", "OperandSizes", "gemm_layers", "operand_sizes", "profile_macs", "to_target"]

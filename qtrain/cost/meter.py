@@ -5,22 +5,27 @@ Every step adds, per layer, ``samples * MACs * b_a*b_w/1024`` for the forward GE
 from the method's precision record of that step, so methods that change bits per step or mix them
 per sample are charged exactly. Totals are "effective MACs" (float32-equivalent MACs, the unit of
 FracTrain's tables); bit-MACs are 1024 times that. A float32 step costs 3 MACs per MAC per sample.
+Given the layers' operand sizes, the meter also prices every step on the hardware models
+(:class:`qtrain.cost.hardware.HardwareMeter`).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from qtrain.cost.hardware import HardwareMeter
+from qtrain.cost.profile import OperandSizes
 from qtrain.precision import PrecisionRecord
 
 GEMMS = ("forward", "backward_input", "backward_weight")
 
 
 class CostMeter:
-    def __init__(self, macs: dict[str, int]) -> None:
+    def __init__(self, macs: dict[str, int], sizes: dict[str, OperandSizes] | None = None) -> None:
         self.macs = dict(macs)
         self.samples = 0
         self.effective = {name: [0.0, 0.0, 0.0] for name in self.macs}
+        self.hardware = HardwareMeter(self.macs, sizes) if sizes is not None else None
 
     def add(self, record: PrecisionRecord, samples: int) -> None:
         """Charge one step of ``samples`` samples at the precision in ``record`` (absent layers: float32)."""
@@ -31,6 +36,8 @@ class CostMeter:
             acc = self.effective[name]
             for i, fraction in enumerate(fractions):
                 acc[i] += samples * macs * fraction
+        if self.hardware is not None:
+            self.hardware.add(record, samples)
 
     def total(self) -> float:
         """Effective MACs so far."""
@@ -52,12 +59,16 @@ class CostMeter:
             f32 = 3.0 * self.samples * macs
             rows.append({"layer": name, "macs_per_sample": macs, **dict(zip(GEMMS, eff)),
                          "effective_macs": sum(eff), "float32_macs": f32,
-                         "percent_of_float32": 100.0 * sum(eff) / f32 if f32 else 0.0})
+                         "percent_of_float32": 100.0 * sum(eff) / f32 if f32 else 0.0,
+                         **(self.hardware.layer_columns(name) if self.hardware is not None else {})})
         return pd.DataFrame(rows)
 
     def state_dict(self) -> dict:
-        return {"samples": self.samples, "effective": {k: list(v) for k, v in self.effective.items()}}
+        return {"samples": self.samples, "effective": {k: list(v) for k, v in self.effective.items()},
+                **({"hardware": self.hardware.state_dict()} if self.hardware is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.samples = state["samples"]
         self.effective = {k: list(v) for k, v in state["effective"].items()}
+        if self.hardware is not None:
+            self.hardware.load_state_dict(state["hardware"])

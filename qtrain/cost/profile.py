@@ -4,10 +4,14 @@ MACs are counted analytically from the shapes a forward hook sees: a convolution
 ``C_in/groups * k_h * k_w`` MACs per output element, a linear layer ``in_features``, an LSTM cell
 (DFQ's gates) ``4 * (input_size + hidden_size)`` per hidden unit. A layer called several times in one
 forward (a gate cell shared across blocks) is counted at every call. This counts the forward GEMM;
-the two backward GEMMs have the same count.
+the two backward GEMMs have the same count. :func:`operand_sizes` counts the elements of each
+layer's weight, input and output from the same forward (what the hardware models move through memory).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -29,19 +33,31 @@ def _macs_per_output(layer: nn.Module) -> int:
     return layer.in_features
 
 
+@dataclass(frozen=True)
+class OperandSizes:
+    """Elements of a layer's GEMM operands: the weight (per call), the input and the output (per sample)."""
+
+    weight: int
+    inputs: int
+    outputs: int
+
+
+Observe = Callable[[nn.Module, tuple, torch.Tensor], dict[str, int]]
+
+
 @torch.no_grad()
-def profile_macs(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
-    """MACs per sample of each layer of :func:`gemm_layers` in one forward of ``sample`` (a batch) in eval mode."""
-    counts: dict[str, int] = {}
-    layers = gemm_layers(model)
+def _per_call(model: nn.Module, sample: torch.Tensor, observe: Observe) -> dict[str, dict[str, int]]:
+    """Sum ``observe(layer, inputs, output)`` over every call of every :func:`gemm_layers` layer in one eval forward."""
+    sums: dict[str, dict[str, int]] = {name: {} for name in gemm_layers(model)}
 
     def hook(name: str):
-        def record(layer: nn.Module, _inputs: tuple, out: torch.Tensor | tuple) -> None:
+        def record(layer: nn.Module, inputs: tuple, out: torch.Tensor | tuple) -> None:
             out = out[0] if isinstance(out, tuple) else out  # an LSTM cell returns (h, c)
-            counts[name] = counts.get(name, 0) + out.numel() * _macs_per_output(layer)
+            for key, value in observe(layer, inputs, out).items():
+                sums[name][key] = sums[name].get(key, 0) + value
         return record
 
-    handles = [layer.register_forward_hook(hook(name)) for name, layer in layers.items()]
+    handles = [layer.register_forward_hook(hook(name)) for name, layer in gemm_layers(model).items()]
     was_training = model.training
     try:
         model.eval()
@@ -50,4 +66,22 @@ def profile_macs(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
         model.train(was_training)
         for h in handles:
             h.remove()
-    return {name: counts.get(name, 0) // sample.shape[0] for name in layers}
+    return sums
+
+
+def profile_macs(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+    """MACs per sample of each layer of :func:`gemm_layers` in one forward of ``sample`` (a batch) in eval mode."""
+    sums = _per_call(model, sample, lambda layer, _inputs, out: {"macs": out.numel() * _macs_per_output(layer)})
+    return {name: found.get("macs", 0) // sample.shape[0] for name, found in sums.items()}
+
+
+def operand_sizes(model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
+    """:class:`OperandSizes` of each layer of :func:`gemm_layers`, summed over its calls in one forward."""
+    def observe(layer: nn.Module, inputs: tuple, out: torch.Tensor) -> dict[str, int]:
+        weight = sum(p.numel() for n, p in layer.named_parameters(recurse=False) if n.startswith("weight"))
+        return {"weight": weight, "inputs": sum(t.numel() for t in inputs if torch.is_tensor(t)), "outputs": out.numel()}
+
+    n = sample.shape[0]
+    sums = _per_call(model, sample, observe)
+    return {name: OperandSizes(found.get("weight", 0), found.get("inputs", 0) // n, found.get("outputs", 0) // n)
+            for name, found in sums.items()}

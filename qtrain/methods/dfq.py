@@ -85,7 +85,7 @@ class DFQ(Method):
         super().__init__(cfg)
         if cfg.options is None:
             raise ConfigError("method dfq needs a model with residual blocks to gate; this model config has no "
-                              "dfq_options (choose a ResNet or MobileNetV2)")
+                              "dfq_options (choose resnet20, resnet38, resnet74 or mobilenetv2)")
         check_range_linear(cfg)
         check_bits(cfg, "weight_bits")
         if cfg.outside is not None:

@@ -1,0 +1,61 @@
+"""ResNet-18 (He et al., 2016) in its ImageNet form and its CIFAR form, from one definition.
+
+Four stages of two BasicBlocks with 64/128/256/512 channels, 1x1-conv projection shortcuts where the
+shape changes (torchvision's ``resnet18`` layout), global average pooling and a linear classifier.
+The forms differ in the stem only: ImageNet's 7x7 stride-2 convolution and 3x3 stride-2 max-pool, or
+CIFAR's 3x3 stride-1 convolution without pooling (the form DYNASTY's CIFAR-100 row trains, dynasty.txt
+Sec. 5.1). ``stem: auto`` takes the CIFAR form for inputs up to 64 x 64 and the ImageNet form above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from qtrain.errors import ConfigError
+from qtrain.models.resnet_cifar import BasicBlock
+
+STEMS = ("auto", "cifar", "imagenet")
+CIFAR_UP_TO = 64
+
+
+class ResNet18(nn.Module):
+    min_input_size = 1
+    options = ("stem",)
+
+    @staticmethod
+    def check(config: Mapping[str, Any]) -> None:
+        """Raise a one-line ConfigError for a bad ``stem`` in the model config (before any data is loaded)."""
+        stem = config.get("stem", "auto")
+        if stem not in STEMS:
+            raise ConfigError(f"model.stem={stem!r} is not allowed (choose from: {', '.join(STEMS)})")
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 1000, input_size: int = 224, stem: str = "auto") -> None:
+        super().__init__()
+        self.check({"stem": stem})
+        self.form = ("cifar" if input_size <= CIFAR_UP_TO else "imagenet") if stem == "auto" else stem
+        if self.form == "cifar":
+            self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+            self.pool = nn.Identity()
+        else:
+            self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+        self.bn1 = nn.BatchNorm2d(64)
+        stages, in_planes = [], 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(nn.Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)))
+            in_planes = planes
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = nn.Linear(512, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.pool(F.relu(self.bn1(self.conv1(x))))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
