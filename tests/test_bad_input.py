@@ -56,7 +56,13 @@ CASES = {
                       "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,
                            "method dfq needs a model with residual blocks to gate; this model config has no dfq_options "
-                           "(choose a ResNet or MobileNetV2)"),
+                           "(choose resnet20, resnet38, resnet74 or mobilenetv2)"),
+    "dynasty target above its widest block": (["method=dynasty", "method.target_bits=9"], None,
+                                              "method.target_bits=9 is not allowed: it must be a number from 0 to 8"),
+    "resnet18 stem": (["model=resnet18", "model.stem=vgg"], None,
+                      "model.stem='vgg' is not allowed (choose from: auto, cifar, imagenet)"),
+    "hardware target over 1": (["hardware.target_acc=74"], None,
+                               "hardware.target_acc=74 is not allowed: it must be a finite number in (0, 1]"),
     "init from a run of no epochs": (["train.init_from={tmp}/empty_run"], _no_epochs,
                                      "train.init_from={tmp}/empty_run is not allowed: its run has no checkpoint to "
                                      "start from"),

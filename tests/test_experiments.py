@@ -31,3 +31,12 @@ def test_adapt_table_runs_follow_the_paper_and_reference_configs(experiment, mod
     assert (cfg.train.batch_size, cfg.train.accum_steps, cfg.train.epochs) == (512, accum, 100)
     assert (cfg.method.buffer_bits, cfg.method.l2, cfg.optim.weight_decay) == (buffer_bits, l2, 0.0)
     assert cfg.sched.name == "plateau" and (cfg.method.initial.wl, cfg.method.initial.fl) == (8, 4)
+
+
+@pytest.mark.parametrize("method", ["dynasty", "float32", "sbm"])
+def test_dynasty_table1_follows_the_paper_schedule(method):
+    cfg = make_config("experiment=dynasty_cifar100", f"method={method}")
+    assert (cfg.model.name, cfg.data.name, cfg.method.name) == ("resnet18", "cifar100", method)
+    assert (cfg.train.batch_size, cfg.train.epochs, cfg.optim.name, cfg.optim.lr) == (128, 200, "sgd", 0.1)
+    assert (list(cfg.sched.milestones), cfg.sched.gamma, cfg.sched.warmup_epochs) == ([60, 120, 160], 0.2, 1)
+    assert cfg.hardware.target_acc == 0.74

@@ -75,6 +75,8 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     ["method=adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}"],
     # a diversity window of 2 epochs, open when the kill comes
     ["method=muppet", "method.resolution=2"],
+    # bit-width maps and lambda carried over, and the lr warm-up killed halfway
+    ["method=dynasty", "method.target_bits=2", "sched.warmup_epochs=2"],
 ])
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
     overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]"]
@@ -199,7 +201,7 @@ def test_a_second_process_cannot_train_into_a_locked_directory(tmp_path):
     assert not (tmp_path / ".qtrain.lock").exists()
 
 
-@pytest.mark.parametrize("method", ["float32", "sbm", "pfq", "dfq", "fractrain", "muppet", "adapt"])
+@pytest.mark.parametrize("method", ["float32", "sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty"])
 def test_checkpoints_hold_plain_tensors_and_values_only(tmp_path, method):
     run(make_config(*TINY, f"method={method}", "train.epochs=1"), tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # no pickled objects: nothing can run on load
@@ -278,7 +280,7 @@ def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
     assert start["final"]["train_loss"] < scratch["final"]["train_loss"]
 
 
-@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt"])
+@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty"])
 def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
     # fused stays part of a run's identity (another kernel, another run); its results must not differ
     overrides = [*TINY, f"method={method}", "train.epochs=1"]

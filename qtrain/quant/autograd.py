@@ -6,6 +6,7 @@
   quantizes ``grad_output`` for the error path (grad w.r.t. input) and, at another precision where
   asked, for the weight-gradient path (SBM's "BW-16" gradient bifurcation). It saves the quantized
   activation in compact form (integer codes), so it holds less memory than the float32 layer.
+  An observer (DYNASTY's sensitivity analytics) sees the gradients w.r.t. the input and the weight.
 """
 
 from __future__ import annotations
@@ -104,13 +105,17 @@ class QuantizedGEMM(torch.autograd.Function):
         grads_of = _conv_grads if isinstance(layer, torch.nn.Conv2d) else _linear_grads
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
+        want_x, want_w = need_x or q.observer is not None, need_w or q.observer is not None
         grad = grad.contiguous()
         grad_err = q.grad(grad, ctx.grad_bits) if q.grad is not None else grad
         if q.grad_weight is None:
-            gx, gw, gb = grads_of(layer, grad_err, x, weight, [need_x, need_w, need_b])
+            gx, gw, gb = grads_of(layer, grad_err, x, weight, [want_x, want_w, need_b])
         else:
-            gx = grads_of(layer, grad_err, x, weight, [need_x, False, False])[0] if need_x else None
-            _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, need_w, need_b])
-        if gx is not None and q.act is not None:  # straight-through for the activation quantizer
+            gx = grads_of(layer, grad_err, x, weight, [want_x, False, False])[0] if want_x else None
+            _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, want_w, need_b])
+        if q.observer is not None:
+            q.observer(gx, gw, tuple(saved))
+        if gx is not None and need_x and q.act is not None:  # straight-through for the activation quantizer
             gx = q.act.masked_grad(gx, tuple(saved))
+        gx, gw = (gx if need_x else None), (gw if need_w else None)
         return gx, gw, gb, None, None, None, None

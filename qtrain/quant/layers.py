@@ -20,7 +20,11 @@ from qtrain.quant.quantizers import Quantizer
 
 
 class OperandQuantizers(nn.Module):
-    """Quantizers of a layer's operands; ``grad_weight`` None means the weight-gradient path reuses ``grad``."""
+    """Quantizers of a layer's operands; ``grad_weight`` None means the weight-gradient path reuses ``grad``.
+
+    ``observer``, where set, sees each backward's gradients w.r.t. the layer's input and weight and
+    what the activation quantizer saved (DYNASTY's per-block sensitivities, :mod:`qtrain.quant.block_maps`).
+    """
 
     def __init__(
         self,
@@ -28,11 +32,15 @@ class OperandQuantizers(nn.Module):
         act: Quantizer | None = None,
         grad: Quantizer | None = None,
         grad_weight: Quantizer | None = None,
+        observer: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if grad_weight is not None and grad is None:
             raise ValueError("a separate weight-gradient quantizer needs an error-path quantizer too")
+        if observer is not None and act is None:
+            raise ValueError("a gradient observer needs an activation quantizer (it runs in the quantized GEMM's backward)")
         self.weight, self.act, self.grad, self.grad_weight = weight, act, grad, grad_weight
+        self.observer = observer
 
     def bits(self) -> Bits:
         """Bits per operand as the cost model charges them (32 where an operand stays float32)."""

@@ -1,0 +1,137 @@
+"""Block floating point under a per-block bit-width map, with per-block sensitivities (DYNASTY Sec. 3.1-3.2).
+
+DYNASTY (dynasty.txt Sec. 3.1) cuts every training operand into 4 x 4 blocks that share one exponent,
+along C_in x C_out for weights (and their gradients) and C_in x batch for activations (each spatial
+position apart; the gradient w.r.t. a layer's output runs along C_out x batch). In each GEMM one
+operand has static 8-bit mantissas, the other 0-8 bits per block from a bit-width map:
+
+- :class:`WeightMap` quantizes the weight by its map; the weight is the mapped operand of the
+  forward and error GEMMs (whose other operands, the activation and ``grad_output``, are 8-bit);
+- :class:`ActivationMap` gives the forward GEMM the activation at 8 bits and keeps, for the
+  weight-gradient GEMM, the activation quantized by its map as int8 codes and one step per block
+  (``grad_output`` is 8-bit there);
+- :class:`Sensitivity` is the backward observer (:class:`~qtrain.quant.layers.OperandQuantizers`)
+  that adds each block's eq. 1 sensitivity ``S_i = (2^e_i)^2 / 16 * sum_j g_ij^2`` to the operand's
+  accumulator, with ``g`` the gradient w.r.t. the operand and ``2^e_i = 2^(E+1)`` the block's range
+  (its magnitudes lie below it); a block of zeros has no quantization noise and sensitivity 0.
+
+A map is an int32 tensor with one entry per block, in the tile order of
+:func:`~qtrain.quant.formats.tile_view`; an activation map covers a full batch (a smaller batch uses
+its first rows). Maps and accumulators are plain attributes that the method sets, reads and saves.
+Quantization runs on the blocks as one batched tensor computation on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qtrain.quant import formats
+from qtrain.quant.formats import Rounding
+from qtrain.quant.quantizers import Quantizer
+
+BLOCK = 4
+DIMS = (0, 1)  # weights: (C_out, C_in, ...); activations and gradients: (batch, C, ...)
+STATIC_BITS = 8
+
+
+def tile_count(x: torch.Tensor) -> int:
+    """How many 4 x 4 blocks ``x`` has (the length of its map)."""
+    a, b = x.shape[0], x.shape[1]
+    return -(-a // BLOCK) * -(-b // BLOCK) * (x[0, 0].numel())
+
+
+def block_ranges(max_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each block's exponent e = E + 1 (2^e bounds its finite magnitudes) and whether it holds a non-zero value."""
+    return formats.block_exponent(max_abs) + 1, max_abs > 0
+
+
+def sensitivity(square_sums: torch.Tensor, exponent: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
+    """Eq. 1 from each block's sum of squared gradients: ``(2^e)^2 / 16 * sum_j g_j^2`` (float64), 0 for zero blocks."""
+    return torch.where(nonzero, torch.ldexp(square_sums.double(), 2 * exponent.double() - 4), 0.0)
+
+
+class BlockMapped(Quantizer):
+    """Shared state of a mapped operand: its bit-width map and its sensitivity accumulator (float64)."""
+
+    fmt = "block-fp-map"
+    bits = STATIC_BITS  # the widest a block gets; the method's record carries the map's shares
+
+    def __init__(self, rounding: Rounding, initial_bits: int) -> None:
+        super().__init__()
+        self.rounding, self.initial_bits = rounding, initial_bits
+        self.map: torch.Tensor | None = None
+        self.sensitivity: torch.Tensor | None = None
+
+    def allocate(self, blocks: int, device: torch.device) -> None:
+        """A map of ``blocks`` entries at the initial width and a zero accumulator, where none exists yet."""
+        if self.map is None:
+            self.map = torch.full((blocks,), self.initial_bits, dtype=torch.int32, device=device)
+        if self.sensitivity is None:
+            self.sensitivity = torch.zeros(blocks, dtype=torch.float64, device=device)
+
+    def accumulate(self, grad: torch.Tensor, exponent: torch.Tensor, nonzero: torch.Tensor) -> None:
+        """Add eq. 1 of the blocks of ``grad`` (the gradient w.r.t. this operand) to the first accumulator rows."""
+        sums = formats.tile_square_sums(grad, BLOCK, DIMS)
+        self.sensitivity[: sums.shape[0]] += sensitivity(sums, exponent, nonzero)
+
+    def extra_repr(self) -> str:
+        return f"block={BLOCK}, rounding={self.rounding}"
+
+
+class WeightMap(BlockMapped):
+    """The weight quantized per block by its map; remembers its last blocks' exponents for the sensitivity."""
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        self.allocate(tile_count(x), x.device)
+        out, _, max_abs = formats.tile_floating_point(x, self.map, self.rounding, BLOCK, DIMS)
+        self.last_range = block_ranges(max_abs)
+        return out
+
+
+class ActivationMap(BlockMapped):
+    """The activation at 8 bits for the forward GEMM, and by its map for the weight-gradient GEMM.
+
+    ``batch_size`` (set before the first training step) sizes the map for a full batch.
+    """
+
+    batch_size: int = 0
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        return formats.block_floating_point(x, STATIC_BITS, self.rounding, BLOCK, DIMS)
+
+    def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        if bits is not None:
+            raise ValueError("DYNASTY's activation map has no per-sample bit-widths")
+        rows = tile_count(x)
+        per_batch_block = rows // -(-x.shape[0] // BLOCK)  # blocks of one block of samples: C/4 x positions
+        self.allocate(-(-max(self.batch_size, x.shape[0]) // BLOCK) * per_batch_block, x.device)
+        if self.map.shape[0] < rows:
+            raise ValueError(f"a batch of {x.shape[0]} is larger than the {self.batch_size} the activation map was sized for")
+        self.sample_shape, self.last_rows = tuple(x.shape[1:]), rows
+        mapped, static, max_abs = formats.tile_floating_point(x, self.map[:rows], self.rounding, BLOCK, DIMS,
+                                                              also=STATIC_BITS)
+        codes = formats.tile_codes(mapped, self.map[:rows], max_abs, BLOCK, DIMS)
+        return static, (*(codes or (mapped,)), *block_ranges(max_abs))
+
+    def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
+        """The mapped activation, from its int8 codes and the blocks' steps (or as saved, where it held NaN or inf)."""
+        kept = saved[:-2]
+        return formats.tile_decode(*kept, shape, DIMS) if len(kept) == 2 else kept[0]
+
+
+class Sensitivity(nn.Module):
+    """The backward observer of a DYNASTY layer: eq. 1 for the weight's and the activation's blocks.
+
+    Called with the gradients w.r.t. the layer's input and weight (the input's is computed also where
+    the layer is the first, whose input needs none) and what :meth:`ActivationMap.compact` saved.
+    """
+
+    def __init__(self, weight: WeightMap, act: ActivationMap) -> None:
+        super().__init__()
+        self.maps = (weight, act)  # a tuple: not submodules a second time
+
+    def forward(self, grad_input: torch.Tensor, grad_weight: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> None:
+        weight, act = self.maps
+        weight.accumulate(grad_weight, *weight.last_range)
+        act.accumulate(grad_input, *saved[-2:])  # the activation blocks' exponents and non-zero flags

@@ -1,0 +1,100 @@
+"""DYNASTY's comparison in miniature on real CIFAR-10: float32, SBM 8-bit, DYNASTY at average 4 and 2 bits.
+
+    python scripts/dynasty_mini.py --root DIR [--jobs 2] [--out results/dynasty_mini_cifar10]
+
+DIR holds ``cifar-10-batches-py`` (``python ../shared/data/materialize.py DIR`` writes it). Sized for a
+2-core CPU machine: ResNet-20 (ResNet-18, the paper's model, takes about 14 times the MACs per image),
+the whole training and test sets, EPOCHS epochs, batch 128, SGD lr 0.1 with momentum 0.9 and weight
+decay 5e-4, DYNASTY's linear warm-up over the first epoch, then cosine decay; the same for every method.
+The table gives accuracy, the average bit-width of DYNASTY's maps in each epoch, FracTrain's cost
+(effective MACs, % of float32), and the hardware models: the bit-serial accelerator's speedup and
+energy against the same samples at 8 bits (Banner et al.'s baseline), BitFusion's energy and latency,
+and each model's time to TARGET test accuracy against SBM's. Runs live in outputs/dynasty_mini/<name>;
+the table goes to <out>.csv and <out>.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from mini_runs import machine, parser, train_all, write_results
+
+RUNS_DIR = Path("outputs/dynasty_mini")
+EPOCHS = 4
+TARGET = 0.6
+RUNS = {  # name: (method, setting, overrides), shortest first
+    "float32": ("float32", "float32", ["method=float32"]),
+    "sbm": ("sbm", "FW-8/BW-8", ["method=sbm"]),
+    "dynasty4": ("dynasty", "average 4 bits", ["method=dynasty", "method.target_bits=4"]),
+    "dynasty2": ("dynasty", "average 2 bits", ["method=dynasty", "method.target_bits=2"]),
+}
+
+
+def row(name: str, method: str, setting: str, sbm: dict | None) -> dict:
+    """One table row from a run's metrics.csv and summary.json (a run cut short shows the epochs it completed)."""
+    run_dir = RUNS_DIR / name
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    last = metrics.iloc[-1]
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    models = (summary.get("hardware") or {}).get("models", {})
+    reached = (summary.get("hardware") or {}).get("to_target")
+    bits = metrics.get("dynasty_average_bits")
+    serial, fusion = models.get("bit_serial", {}), models.get("bitfusion", {})
+
+    def ratio_to_sbm(key: str) -> float | None:
+        if not reached or not sbm:
+            return None
+        return round(reached[key] / sbm[key], 3)
+
+    return {
+        "method": method, "setting": setting, "epochs": f"{int(last.epoch)}/{EPOCHS}",
+        "test_acc": round(100 * last.test_acc, 2), "best_test_acc": round(100 * metrics.test_acc.max(), 2),
+        "average_bits_per_epoch": "/".join(f"{b:.2f}" for b in bits) if bits is not None else "",
+        "percent_of_float32": round(last.percent_of_float32, 3),
+        "bit_serial_speedup": round(serial["speedup_vs_8bit"], 3) if serial else None,
+        "bit_serial_energy_x_8bit": round(serial["energy_vs_8bit"], 3) if serial else None,
+        "bitfusion_latency_s": round(fusion["seconds"], 1) if fusion else None,
+        "bitfusion_energy_J": round(fusion["joules"], 1) if fusion else None,
+        "bitfusion_energy_x_8bit": round(fusion["energy_vs_8bit"], 3) if fusion else None,
+        f"epoch_to_{round(100 * TARGET)}pct": reached["epoch"] if reached else None,
+        "bit_serial_time_to_target_x_sbm": ratio_to_sbm("bit_serial_seconds"),
+        "bitfusion_time_to_target_x_sbm": ratio_to_sbm("bitfusion_seconds"),
+        "median_epoch_s": round(metrics.epoch_seconds.median(), 1),
+    }
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0], "results/dynasty_mini_cifar10").parse_args()
+    if not args.report_only:
+        common = ["model=resnet20", "data=cifar10", f"data.root={args.root}", f"train.epochs={EPOCHS}", "sched=cosine",
+                  "sched.warmup_epochs=1", f"hardware.target_acc={TARGET}"]
+        train_all({name: [*extra, *common] for name, (_, _, extra) in RUNS.items()}, RUNS_DIR, args.jobs)
+    sbm_summary = RUNS_DIR / "sbm" / "summary.json"
+    sbm = (json.loads(sbm_summary.read_text())["hardware"] or {}).get("to_target") if sbm_summary.exists() else None
+    table = pd.DataFrame([row(name, method, setting, sbm) for name, (method, setting, _) in RUNS.items()])
+    described, sharing = machine(RUNS_DIR / "float32", args.jobs)
+    write_results(args.out, table, EPOCHS, "DYNASTY in miniature: ResNet-20 on real CIFAR-10", (
+        f"Made by `python scripts/dynasty_mini.py --root DIR --jobs {args.jobs}` (DIR from `python "
+        f"../shared/data/materialize.py DIR`: the offline CIFAR-10 copy, images JPEG-re-encoded at quality 75) "
+        f"on {described}.\n\n"
+        f"Data: the whole 50,000-image training set and 10,000-image test set, crop 32 pad 4 and flips. ResNet-20, "
+        f"{EPOCHS} epochs, batch 128, SGD lr 0.1, momentum 0.9, weight decay 5e-4, linear warm-up over the first "
+        f"epoch (DYNASTY Sec. 5.1) then cosine decay, seed 0, one run each. DYNASTY as configured by default: "
+        f"4x4 blocks, maps of 0/2/4/6/8 bits, smoothing 0.5, Algorithm 1 with 3 steps, every block at 4 bits in "
+        f"the first epoch.\n\n"
+        f"`average_bits_per_epoch`: the computation-weighted average width of DYNASTY's maps in each epoch. "
+        f"`percent_of_float32`: FracTrain's cost (effective MACs of the three training GEMMs) over float32's. "
+        f"Hardware models (qtrain/cost): `bit_serial_speedup` and `bit_serial_energy_x_8bit` against the same "
+        f"samples with every operand at 8 bits, on the UNPU-style bit-serial accelerator with DYNASTY's module "
+        f"power (float32 priced as 32-bit integers, which UNPU does not run); BitFusion's latency and energy "
+        f"for the whole run, and its energy against 8 bits; `epoch_to_{round(100 * TARGET)}pct` the first epoch "
+        f"at {round(100 * TARGET)} % test accuracy, and each model's time to it over SBM's (DYNASTY Fig. 7's "
+        f"measure). `median_epoch_s` is the median epoch's wall time (training and evaluation) with {sharing}; "
+        f"`epoch_time_x_float32` divides it by float32's."))
+
+
+if __name__ == "__main__":
+    main()

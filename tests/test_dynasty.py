@@ -1,0 +1,313 @@
+"""DYNASTY (dynasty.txt): block layouts against loop references, eq. 1, Algorithm 1, smoothing and
+rounding, skipped blocks, the precision record, and the average bit-width of a short run."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from qtrain.cost import CostMeter
+from qtrain.methods import RunFacts, dynasty_map
+from qtrain.quant import formats
+from qtrain.quant.block_maps import ActivationMap, WeightMap, block_ranges, sensitivity
+from qtrain.run import run
+
+from .conftest import TINY, make_config, prepared
+
+
+def _reference_block(values: list[float], bits: int) -> list[float]:
+    """One block by hand: E = floor(log2 max|v|), step 2^(E + 2 - b), round half to even, clamp to +-(2^(b-1) - 1)."""
+    if bits == 0:
+        return [0.0] * len(values)
+    top = max(abs(v) for v in values)
+    if top == 0:
+        return [0.0] * len(values)
+    step = 2.0 ** (math.floor(math.log2(top)) + 2 - bits)
+    qmax = 2 ** (bits - 1) - 1
+    return [max(-qmax, min(qmax, round(v / step))) * step for v in values]
+
+
+def _reference(x: torch.Tensor, bits_of) -> torch.Tensor:
+    """Block floating point by loops: 4 x 4 blocks over dimensions 0 and 1, for each index of the rest.
+
+    ``bits_of(i, j, position)`` is the width of the block of rows 4i.., columns 4j.. at ``position``
+    (the flat index over the other dimensions).
+    """
+    rows, cols = x.shape[:2]
+    flat = x.reshape(rows, cols, -1)
+    out = torch.empty_like(flat)
+    for position in range(flat.shape[2]):
+        for i in range(0, rows, 4):
+            for j in range(0, cols, 4):
+                block = flat[i:i + 4, j:j + 4, position]
+                quantized = _reference_block(block.flatten().tolist(), bits_of(i // 4, j // 4, position))
+                out[i:i + 4, j:j + 4, position] = torch.tensor(quantized).reshape(block.shape)
+    return out.reshape(x.shape)
+
+
+def _map(x: torch.Tensor, bits_of) -> torch.Tensor:
+    """The map in :func:`tile_view`'s order: blocks of dimension 0 outermost, then dimension 1, then the rest."""
+    rows, cols = -(-x.shape[0] // 4), -(-x.shape[1] // 4)
+    rest = math.prod(x.shape[2:])
+    return torch.tensor([bits_of(i, j, p) for i in range(rows) for j in range(cols) for p in range(rest)], dtype=torch.int32)
+
+
+def bits_pattern(i, j, p):
+    return (0, 2, 4, 6, 8)[(3 * i + 2 * j + p) % 5]
+
+
+@pytest.mark.parametrize("shape", [
+    (6, 5, 3, 3),    # a conv weight: C_out x C_in blocks at every kernel position
+    (9, 6, 2, 3),    # a conv activation: batch x C_in blocks at every spatial position
+    (7, 10),         # a linear layer's input: batch x features
+])
+def test_mapped_blocks_match_a_loop_reference(shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape) * torch.logspace(-3, 3, shape[1]).reshape(1, -1, *[1] * (len(shape) - 2))
+    weight = WeightMap("nearest", 4)
+    weight.map = _map(x, bits_pattern)
+    assert torch.equal(weight(x), _reference(x, bits_pattern))
+
+
+def test_the_activation_is_8_bit_forward_and_mapped_for_the_weight_gradient():
+    torch.manual_seed(1)
+    x = torch.randn(6, 8, 2, 2)
+    act = ActivationMap("nearest", 4)
+    act.batch_size = 12  # the map covers a full batch of 12: three blocks of samples
+    act.allocate(3 * 2 * 4, x.device)
+    act.map = _map(torch.empty(12, 8, 2, 2), bits_pattern)
+    forward, saved = act.compact(x)
+    assert torch.equal(forward, _reference(x, lambda *_: 8))
+    assert saved[0].dtype == torch.int8  # kept for backward as codes and one step per block
+    assert torch.equal(act.expand(saved, x.shape), _reference(x, bits_pattern))  # a batch of 6: the map's first rows
+    x[0, 0, 0, 1] = float("nan")  # in a 2-bit block; no code for NaN: the floats are kept, NaN in place
+    forward, saved = act.compact(x)
+    expected = _reference(x.nan_to_num(0.0), bits_pattern)
+    expected[0, 0, 0, 1] = float("nan")
+    assert saved[0].dtype == torch.float32
+    torch.testing.assert_close(act.expand(saved, x.shape), expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_gradient_is_8_bit_on_batch_by_channel_blocks():
+    torch.manual_seed(2)
+    g = torch.randn(5, 6, 3, 3) * 1e-4
+    ours = formats.block_floating_point(g, 8, "nearest", block=4, dims=(0, 1))
+    assert torch.equal(ours, _reference(g, lambda *_: 8))
+
+
+def test_a_zero_bit_block_is_zero_whatever_it_holds():
+    x = torch.full((4, 8), 3.0)
+    x[0, 0], x[1, 1] = float("nan"), float("inf")
+    out, _, _ = formats.tile_floating_point(x, torch.tensor([0, 8], dtype=torch.int32))
+    assert torch.equal(out[:, :4], torch.zeros(4, 4))
+    assert torch.equal(out[:, 4:], torch.full((4, 4), 3.0))
+
+
+def test_eq1_sensitivity_by_hand():
+    exponent, nonzero = block_ranges(torch.tensor([3.0, 0.0]))  # max 3: E = 1, range 2^e = 4; a zero block
+    assert exponent.tolist() == [2, 0] and nonzero.tolist() == [True, False]
+    grad = torch.zeros(4, 8)
+    grad[0, 0], grad[1, 1], grad[:, 4:] = 1.0, 2.0, 5.0
+    sums = formats.tile_square_sums(grad, 4)
+    assert sums.tolist() == [5.0, 16 * 25.0]
+    # (2^2)^2 / 16 * (1 + 4) = 5; the zero block has no quantization noise: 0
+    assert sensitivity(sums, exponent, nonzero).tolist() == [5.0, 0.0]
+    # gradients far below float32's normal range square without underflow
+    assert formats.tile_square_sums(grad * 1e-30, 4).tolist() == pytest.approx([5e-60, 400e-60], rel=1e-6)
+
+
+def test_eq3_and_the_first_lambda():
+    r = dynasty_map.relative_sensitivity(torch.tensor([16.0, 4.0, 0.0]), torch.tensor([1.0, 4.0, 1.0]))
+    assert r.tolist() == [2.0, 0.0, -math.inf]  # 1/2 log2(16), 1/2 log2(1), a zero block
+    assert dynasty_map.bit_widths(r, -1.0, 8).tolist() == [3.0, 1.0, 0.0]
+    assert dynasty_map.bit_widths(r, -7.0, 8).tolist() == [8.0, 7.0, 0.0]  # beta caps it
+    # unbounded, lambda^ = mean(r) - alpha over the finite r, weighted by computation: (2 * 1 + 0 * 4) / 5 - 3
+    assert dynasty_map.first_lambda(r, torch.tensor([1.0, 4.0, 1.0]), 3.0) == pytest.approx(0.4 - 3)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 3.0, 4.0, 6.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_algorithm1_reaches_the_target_with_bounds_active(alpha, seed):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(4000, generator=gen, dtype=torch.float64) * 4 + 3
+    r[:200] = -math.inf  # zero blocks
+    computation = torch.rand(4000, generator=gen, dtype=torch.float64) * 10 + 0.1
+
+    def error(lam):
+        return abs(dynasty_map.weighted_average(dynasty_map.bit_widths(r, lam, 8.0), computation) - alpha)
+
+    lam = dynasty_map.tune_lambda(dynasty_map.first_lambda(r, computation, alpha), r, computation, alpha, 8.0, 3)
+    bits = dynasty_map.bit_widths(r, lam, 8.0)
+    assert (bits[200:] == 0).any() and (bits == 8).any()  # both bounds bite
+    assert error(lam) < 0.05
+    for stale in (1.5, -2.0):  # a lambda bits away: the paper's L = 3 steps close in, L = 6 reach the target
+        assert error(dynasty_map.tune_lambda(stale, r, computation, alpha, 8.0, 3)) < error(stale)
+        assert error(dynasty_map.tune_lambda(stale, r, computation, alpha, 8.0, 6)) < 0.05
+
+
+def test_algorithm1_steps_by_hand():
+    r, computation = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    # bracket [min r - 1, max r - 1] = [-1, 2] with averages 2.5 and 0.25; at lambda = 0 the average is 1.5 > 1:
+    # t = (1.5 - 1) / (1.5 - 0.25) = 0.4, lambda = 0.6 * 0 + 0.4 * 2 = 0.8 (lines 9-10)
+    assert dynasty_map.tune_lambda(0.0, r, computation, 1.0, 8.0, iterations=1) == pytest.approx(0.8)
+    # then [0, 0.8]: the average at 0.8 is 0.9 < 1: t = (0.9 - 1) / (0.9 - 1.5) = 1/6, lambda = 5/6 * 0.8 (lines 12-13)
+    assert dynasty_map.tune_lambda(0.0, r, computation, 1.0, 8.0, iterations=2) == pytest.approx(2 / 3)
+
+
+def test_algorithm1_from_the_last_lambda_holds_the_target_as_r_drifts():
+    gen = torch.Generator().manual_seed(3)
+    r = torch.randn(3000, generator=gen, dtype=torch.float64) * 3
+    computation = torch.ones(3000, dtype=torch.float64)
+    lam = dynasty_map.first_lambda(r, computation, 2.0)
+    for _ in range(5):
+        r = r * 1.3 + 0.5  # the spread grows, as Fig. 5 shows lambda^ alone drifting
+        lam = dynasty_map.tune_lambda(lam, r, computation, 2.0, 8.0, iterations=3)
+        assert abs(dynasty_map.weighted_average(dynasty_map.bit_widths(r, lam, 8.0), computation) - 2.0) < 0.05
+
+
+def test_algorithm1_gives_the_most_bits_where_the_target_is_unreachable():
+    r = torch.tensor([1.0, 2.0, -math.inf, -math.inf], dtype=torch.float64)
+    lam = dynasty_map.tune_lambda(0.0, r, torch.ones(4, dtype=torch.float64), 6.0, 8.0, iterations=3)
+    assert dynasty_map.bit_widths(r, lam, 8.0).tolist() == [6.0, 7.0, 0.0, 0.0]  # lambda = min(r) - alpha
+
+
+def test_smoothing_and_rounding():
+    last, new = torch.tensor([4.0, 4.0, 8.0, 0.0]), torch.tensor([2.0, 8.0, 0.0, 3.0])
+    assert dynasty_map.smooth(last, new, 0.5).tolist() == [3.0, 6.0, 4.0, 1.5]
+    assert dynasty_map.smooth(last, new, 0.0).tolist() == new.tolist()
+    levels = (0, 2, 4, 6, 8)
+    widths = torch.tensor([0.0, 0.9, 1.0, 1.1, 2.9, 3.0, 3.1, 5.0, 7.0, 7.9, 8.0], dtype=torch.float64)
+    # ties round half to even on bits / 2: 1 -> 0, 3 -> 4, 5 -> 4, 7 -> 8
+    assert dynasty_map.round_to_levels(widths, levels).tolist() == [0, 0, 0, 2, 2, 4, 4, 4, 8, 8, 8]
+    assert dynasty_map.round_to_levels(torch.tensor([2.4, 5.0]), (1, 3, 5)).tolist() == [3, 5]
+
+
+def _step(method, model, x, y):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return method.precision()
+
+
+def test_zero_bit_blocks_contribute_and_cost_nothing():
+    torch.manual_seed(0)
+    method, model = prepared("dynasty")
+    method.profile(model, torch.zeros(2, 3, 8, 8))
+    method.attach(None, RunFacts(8, 1, 8))
+    conv = model.layer1[0].conv1
+    conv.quant.weight.map = torch.zeros_like(conv.quant.weight.map)
+    x = torch.randn(8, 16, 8, 8)
+    assert torch.equal(conv(x), torch.zeros(8, 16, 8, 8))
+    record = _step(method, model, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    layer = record["layer1.0.conv1"]
+    forward, error, weight_gradient = layer.gemm_fractions
+    assert forward == 0 and error == 0 and weight_gradient == pytest.approx(4 * 8 / 1024)  # activations still at 4
+    meter = CostMeter({"layer1.0.conv1": 1000})
+    meter.add({"layer1.0.conv1": layer}, samples=8)
+    assert meter.total() == pytest.approx(8 * 1000 * 4 * 8 / 1024)
+
+
+def test_the_record_charges_the_map_shares_and_the_first_epoch_at_4_bits():
+    torch.manual_seed(0)
+    method, model = prepared("dynasty")
+    method.profile(model, torch.zeros(2, 3, 8, 8))
+    method.attach(None, RunFacts(8, 1, 8))
+    record = _step(method, model, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    assert set(record) == set(method.layers)
+    for layer in record.values():  # 4-bit mapped operand against the static 8-bit one in every GEMM
+        assert layer.gemm_fractions == pytest.approx((32 / 1024,) * 3)
+    conv = model.layer1[0].conv1.quant
+    conv.weight.map[: len(conv.weight.map) // 2] = 8  # half the weight blocks at 8 bits
+    method._records.clear()
+    record = _step(method, model, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    assert record["layer1.0.conv1"].gemm_fractions[0] == pytest.approx((0.5 * 8 + 0.5 * 4) * 8 / 1024)
+
+
+def test_sensitivities_accumulate_in_backward_for_every_layer():
+    torch.manual_seed(0)
+    method, model = prepared("dynasty")
+    method.profile(model, torch.zeros(2, 3, 8, 8))
+    method.attach(None, RunFacts(8, 1, 8))
+    _step(method, model, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    for quant in method.layers.values():  # the first layer's activation too, whose input needs no gradient
+        assert quant.weight.sensitivity.sum() > 0 and quant.act.sensitivity.sum() > 0
+
+
+def test_computation_counts_each_blocks_macs_strides_included():
+    method, model = prepared("dynasty")
+    method.profile(model, torch.zeros(2, 3, 8, 8))
+    method.attach(None, RunFacts(8, 1, 8))
+    _step(method, model, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    # layer2.0's shortcut: a 1x1 stride-2 convolution from 16 channels at 8x8 to 32 at 4x4, batch 8
+    act = method.computation("layer2.0.shortcut.0", "act").reshape(2, 4, 8, 8)  # sample blocks, channel blocks, h, w
+    assert torch.all(act[:, :, ::2, ::2] == 16 * 32)  # 16 elements, each read by 32 output channels
+    assert torch.all(act[:, :, 1::2, :] == 0) and torch.all(act[:, :, :, 1::2] == 0)  # never read: no MAC
+    # every weight element meets 8 samples x 16 output positions, in the forward and the error GEMM
+    assert torch.all(method.computation("layer2.0.shortcut.0", "weight") == 16 * 2 * 8 * 16)
+
+
+def _one_linear(target=4):
+    from qtrain.methods import build_method
+
+    method = build_method(make_config("method=dynasty", f"method.target_bits={target}").method)
+    model = method.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)))
+    method.profile(model, torch.zeros(2, 4))
+    method.attach(None, RunFacts(4, 1, 4))
+    model(torch.randn(4, 4)).sum().backward()
+    return method, model[0].quant
+
+
+def _set_sensitivities(quant, r_weight, r_act):
+    # one 4x4 block each; T = 2 GEMMs x 4 samples x 16 elements = 128 (weight), 4 outputs x 16 = 64 (activation)
+    quant.weight.sensitivity = torch.tensor([128 * 4.0 ** r_weight], dtype=torch.float64)
+    quant.act.sensitivity = torch.tensor([64 * 4.0 ** r_act], dtype=torch.float64)
+
+
+def test_the_epoch_end_by_hand():
+    method, quant = _one_linear()
+    _set_sensitivities(quant, 5, 1)  # r = 1/2 log2(S / T) = 5 and 1
+    metrics = {}
+    method.end_epoch(0, metrics)
+    # lambda^ = (128 * 5 + 64 * 1) / 192 - 4 = -1/3: widths 5 1/3 and 1 1/3 average 4, no bound active, so
+    # Algorithm 1 keeps it; the first computed map is not smoothed; rounded to 6 and 2
+    assert method.lam == pytest.approx(-1 / 3)
+    assert (quant.weight.map.tolist(), quant.act.map.tolist()) == ([6], [2])
+    assert metrics["dynasty_average_bits"] == 4.0 and metrics["dynasty_next_average_bits"] == pytest.approx(14 / 3)
+    assert quant.weight.sensitivity.tolist() == [0.0] and quant.act.sensitivity.tolist() == [0.0]
+    _set_sensitivities(quant, 1, 5)
+    method.end_epoch(1, {})
+    # from lambda = -1/3 (average 2 2/3 < 4) toward lambda0 = 1 - 4 (average 5 1/3): t = 1/2, lambda = -5/3, new
+    # widths 2 2/3 and 6 2/3; smoothed with the last ones (5 1/3, 1 1/3) at gamma 0.5: 4 and 4
+    assert method.lam == pytest.approx(-5 / 3)
+    assert (quant.weight.map.tolist(), quant.act.map.tolist()) == ([4], [4])
+
+
+def test_the_maps_and_lambda_survive_a_resume():
+    method, quant = _one_linear()
+    _set_sensitivities(quant, 5, 1)
+    method.end_epoch(0, {})
+    resumed, resumed_quant = _one_linear()
+    resumed.load_state_dict(method.state_dict())
+    assert resumed.lam == method.lam and resumed.history == method.history
+    assert torch.equal(resumed_quant.weight.map, quant.weight.map) and torch.equal(resumed_quant.act.map, quant.act.map)
+    for m, q in ((method, quant), (resumed, resumed_quant)):
+        _set_sensitivities(q, 1, 5)
+        m.end_epoch(1, {})
+    assert resumed.lam == method.lam and torch.equal(resumed_quant.act.map, quant.act.map)
+
+
+@pytest.mark.parametrize("target", [2, 4])
+def test_a_short_run_holds_its_average_at_the_target(tmp_path, target):
+    summary = run(make_config(*TINY, "method=dynasty", f"method.target_bits={target}", "train.epochs=4"), tmp_path)
+    report = summary["dynasty"]
+    assert report["target_bits"] == target
+    assert report["average_bits_per_epoch"][0] == 4.0  # every block at 4 bits in the first epoch
+    for average in report["average_bits_per_epoch"][1:]:  # rounding to {0, 2, 4, 6, 8} moves it a little
+        assert abs(average - target) < 0.15
+    precision = __import__("pandas").read_csv(tmp_path / "precision.csv")
+    maps = precision[precision.event == "bitmap"]
+    assert set(maps.operand) == {"weight", "act"}
+    columns = [f"share_{b}bit" for b in (0, 2, 4, 6, 8)]
+    assert maps[columns].sum(axis=1).to_numpy() == pytest.approx(1.0)
+    assert (maps.loc[maps.epoch == 2, columns].max(axis=1) < 1).any()  # the first computed map mixes widths
+    assert json.loads((tmp_path / "summary.json").read_text())["hardware"]["models"]["bit_serial"]["speedup_vs_8bit"] > 1
