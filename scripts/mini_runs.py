@@ -45,11 +45,19 @@ def train_all(runs: dict[str, list[str]], runs_dir: Path, jobs: int) -> None:
 
 
 def machine(run_dir: Path, jobs: int) -> tuple[str, str]:
-    """The machine a run was measured on, and how the runs shared it, from the run's summary.json."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    threads = f"{summary['threads']} torch thread{'s' * (summary['threads'] != 1)}"
+    """The machine a run was measured on, and how the runs shared it, from the run's summary.json (for a run cut
+    short, which has none: the threads :func:`train_all` gives each run, and this environment's versions)."""
+    path = run_dir / "summary.json"
+    if path.exists():
+        summary = json.loads(path.read_text())
+        count, torch_version, python = summary["threads"], summary["versions"]["torch"], summary["versions"]["python"]
+    else:
+        import torch
+
+        count, torch_version, python = max(1, (os.cpu_count() or 1) // jobs), torch.__version__, platform.python_version()
+    threads = f"{count} torch thread{'s' * (count != 1)}"
     described = (f"{platform.machine()} CPU, {os.cpu_count()} cores, {threads} per run, "
-                 f"torch {summary['versions']['torch']}, Python {summary['versions']['python']}")
+                 f"torch {torch_version}, Python {python}")
     sharing = ("the runs one after another on an otherwise idle machine" if jobs == 1 else
                f"{jobs} runs at a time, {threads} each")
     return described, sharing
