@@ -12,6 +12,7 @@ accuracy (DYNASTY Fig. 7: the time to 74 %).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 from qtrain.cost.bit_serial import BitSerial
@@ -54,13 +55,11 @@ class HardwareMeter:
                  models: tuple[HardwareModel, ...] = (BitSerial(), BitFusion())) -> None:
         self.macs, self.sizes, self.models = macs, sizes, models
         self.layers = {m.name: {name: [0.0] * len(self.FIGURES) for name in macs} for m in models}
-        self._prices: dict[tuple, tuple[float, float]] = {}
+        # a step's record mostly repeats the last one's; bounded, since DFQ's per-sample shares change every step
+        self._price = functools.lru_cache(maxsize=4096)(self._priced)
 
-    def _price(self, model: HardwareModel, name: str, layer: LayerPrecision, samples: int) -> tuple[float, float]:
-        key = (model.name, name, layer, samples)
-        if key not in self._prices:
-            self._prices[key] = price_layer(model, layer, self.macs[name], self.sizes[name], samples)
-        return self._prices[key]
+    def _priced(self, model: HardwareModel, name: str, layer: LayerPrecision, samples: int) -> tuple[float, float]:
+        return price_layer(model, layer, self.macs[name], self.sizes[name], samples)
 
     def add(self, record: PrecisionRecord, samples: int) -> None:
         for model in self.models:

@@ -84,7 +84,7 @@ class WeightMap(BlockMapped):
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         self.allocate(tile_count(x), x.device)
-        out, _, max_abs = formats.tile_floating_point(x, self.map, self.rounding, BLOCK, DIMS)
+        out, max_abs = formats.tile_floating_point(x, self.map, self.rounding, BLOCK, DIMS)
         self.last_range = block_ranges(max_abs)
         return out
 
@@ -109,10 +109,9 @@ class ActivationMap(BlockMapped):
         if self.map.shape[0] < rows:
             raise ValueError(f"a batch of {x.shape[0]} is larger than the {self.batch_size} the activation map was sized for")
         self.sample_shape, self.last_rows = tuple(x.shape[1:]), rows
-        mapped, static, max_abs = formats.tile_floating_point(x, self.map[:rows], self.rounding, BLOCK, DIMS,
-                                                              also=STATIC_BITS)
-        codes = formats.tile_codes(mapped, self.map[:rows], max_abs, BLOCK, DIMS)
-        return static, (*(codes or (mapped,)), *block_ranges(max_abs))
+        kept, max_abs = formats.tile_codes(x, self.map[:rows], self.rounding, BLOCK, DIMS)
+        static, _ = formats.tile_floating_point(x, STATIC_BITS, self.rounding, BLOCK, DIMS, max_abs)
+        return static, (*kept, *block_ranges(max_abs))
 
     def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
         """The mapped activation, from its int8 codes and the blocks' steps (or as saved, where it held NaN or inf)."""

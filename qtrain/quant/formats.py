@@ -486,31 +486,32 @@ def block_floating_point(
     return out.view_as(x)
 
 
+def _tile_widths(wl: int | torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """``wl`` as int32, one for all tiles or reshaped to the tiles of ``view`` (:func:`tile_view`)."""
+    widths = _wl(wl, view.device)
+    na, _, nb, _, r = view.shape
+    return widths.reshape(na, 1, nb, 1, r) if widths.dim() else widths
+
+
 def tile_floating_point(
     x: torch.Tensor,
     wl: int | torch.Tensor,
     rounding: Rounding = "nearest",
     block: int = 4,
     dims: tuple[int, int] = (0, 1),
-    also: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    max_abs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Block floating point on the k x k tiles of ``dims`` (:func:`tile_view`) at a width per tile or one for all.
 
     ``wl`` is one width or an integer tensor with one per tile in the tiles' order (DYNASTY's bit-width
-    map); tiles of width 0 become zero (a skipped block). ``also`` quantizes the same tiles at a second,
-    uniform width in the same pass. Returns the result, the result at ``also`` (or None) and each
-    tile's largest finite magnitude (flat, in the tiles' order).
+    map); tiles of width 0 become zero (a skipped block). Returns the result and each tile's largest
+    finite magnitude (flat, in the tiles' order); given those maxima (``max_abs``), it does not find them again.
     """
     view, back = tile_view(x, block, dims)
-    na, _, nb, _, r = view.shape
     stochastic = _stochastic(rounding)
-    key = key_for(stochastic, x.device)
-    widths = _wl(wl, x.device)
-    if widths.dim():
-        widths = widths.reshape(na, 1, nb, 1, r)
-    out, max_abs = _blocks(view, widths, key, stochastic)
-    out_also = None if also is None else back(_blocks(view, _wl(also, x.device), key, stochastic, max_abs)[0])
-    return back(out), out_also, max_abs.reshape(-1)
+    given = None if max_abs is None else max_abs.reshape(view.shape[0], 1, view.shape[2], 1, view.shape[4])
+    out, found = _blocks(view, _tile_widths(wl, view), key_for(stochastic, x.device), stochastic, given)
+    return back(out), found.reshape(-1)
 
 
 @fused
@@ -537,8 +538,12 @@ def tile_square_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)
 
 
 @fused
-def _tile_codes(view: torch.Tensor, up1: torch.Tensor, up2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return (view * up1 * up2).to(torch.int8), torch.isfinite(view).all()
+def _tile_codes(x: torch.Tensor, up1: torch.Tensor, up2: torch.Tensor, qmax: torch.Tensor, key: torch.Tensor, *,
+                stochastic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_block_quantize`'s codes (the same draws), as int8, and whether every element was finite."""
+    codes = torch.clamp(round_codes(x * up1 * up2, key, stochastic=stochastic), -qmax, qmax)
+    finite = x.abs() < math.inf
+    return torch.where(finite & (qmax >= 0), codes, 0.0).to(torch.int8), finite.all()
 
 
 @fused
@@ -546,20 +551,20 @@ def _tile_decode(codes: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.float32) * step
 
 
-def tile_codes(quantized: torch.Tensor, wl: int | torch.Tensor, max_abs: torch.Tensor, block: int = 4,
-               dims: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """What :func:`tile_floating_point` gave at ``wl`` (at most 8 bits) with the tiles' maxima ``max_abs``, as
-    integer codes (int8, in the tiles' view) and each tile's step: a quarter of the memory, decoded exactly
-    by :func:`tile_decode`. None where it holds NaN or infinity (no code for them: keep the floats)."""
-    view, _ = tile_view(quantized, block, dims)
-    na, _, nb, _, r = view.shape
-    widths = _wl(wl, quantized.device)
-    up1, up2, down1, down2, qmax = _block_steps_fused(max_abs.reshape(na, 1, nb, 1, r),
-                                                      widths.reshape(na, 1, nb, 1, r) if widths.dim() else widths)
-    codes, finite = _tile_codes(view, up1, up2)
+def tile_codes(x: torch.Tensor, wl: int | torch.Tensor, rounding: Rounding = "nearest", block: int = 4,
+               dims: tuple[int, int] = (0, 1)) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """:func:`tile_floating_point` at ``wl`` (at most 8 bits) kept compact: int8 codes (in the tiles' view) and each
+    tile's step, a quarter of the memory, decoded exactly by :func:`tile_decode`; where ``x`` holds NaN or
+    infinity (no code for them), the float result instead. Returns that and the tiles' maxima (flat).
+    """
+    view, back = tile_view(x, block, dims)
+    stochastic = _stochastic(rounding)
+    key = key_for(stochastic, x.device)
+    max_abs, up1, up2, down1, down2, qmax = _block_factors(view, _tile_widths(wl, view))
+    codes, finite = _tile_codes(view, up1, up2, qmax, key, stochastic=stochastic)
     if not finite:
-        return None
-    return codes, torch.where(qmax > 0, down1 * down2, 0.0)  # a 2^-k of at least 2^-149: the product is exact
+        return (back(_block_quantize(view, up1, up2, down1, down2, qmax, key, stochastic=stochastic)),), max_abs.reshape(-1)
+    return (codes, torch.where(qmax > 0, down1 * down2, 0.0)), max_abs.reshape(-1)  # 2^-k >= 2^-149: an exact product
 
 
 def tile_decode(codes: torch.Tensor, step: torch.Tensor, shape: torch.Size, dims: tuple[int, int] = (0, 1)) -> torch.Tensor:
