@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` (set up, then the default job) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SOURCES := pyproject.toml $(shell find qtrain conf -name '*.py' -o -name '*.yaml' 2>/dev/null)
+SOURCES := pyproject.toml $(shell find qtrain conf results/paper -name '*.py' -o -name '*.yaml' -o -name '*.csv' 2>/dev/null)
 
 .PHONY: run test lint bench
 

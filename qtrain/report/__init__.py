@@ -1,0 +1,5 @@
+"""Reports over run directories (DESIGN.md, "Results"): tables, the papers' tables beside ours, plots.
+
+``runs`` reads run directories, ``tables`` builds the runs table, ``paper`` compares with
+``results/paper/``, ``plots`` draws the figures, ``cli`` is ``qtrain-report``.
+"""

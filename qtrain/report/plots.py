@@ -1,0 +1,294 @@
+"""The report's figures, as PNG files (matplotlib), each drawn from the run directories' CSV files.
+
+- precision over time per layer: bits of each operand, or AdaPT's word length (AdaPT Figs. 3-4);
+- sparsity per layer over time (AdaPT Figs. 5-6);
+- accuracy against cumulative effective MACs and against each hardware model's time (FracTrain Fig. 6,
+  DYNASTY Fig. 7);
+- bit allocation per block: the share of each precision option in the last epoch (FracTrain Fig. 8);
+- average bit-width over epochs (DYNASTY Fig. 5);
+- the training loss with PFQ's turning points (FracTrain Sec. 3.1).
+
+One method has one colour in every figure; layers are coloured by depth with a colour bar, not a legend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+
+from qtrain.report.runs import Run
+from qtrain.report.tables import HARDWARE, run_frame, setting
+
+METHODS = ("float32", "sbm", "muppet", "adapt", "dynasty", "pfq", "dfq", "fractrain")
+_PALETTE = colormaps["tab10"].colors
+ALLOCATING = ("dynasty", "dfq", "fractrain")
+OPERANDS = (("weight_bits", "weight"), ("act_bits", "activation"), ("grad_bits", "gradient"),
+            ("grad_weight_bits", "weight-gradient"))
+
+
+@dataclass
+class Group:
+    """Runs drawn in one figure: the same model, data and training config (a sweep over methods and seeds)."""
+
+    runs: list[Run]
+    title: str  # "resnet20 on cifar10" and the config that sets the group apart
+    slug: str
+
+
+def groups(runs: list[Run]) -> list[Group]:
+    """The report's runs split by model, data and the config keys that vary between them (``tables.run_frame``)."""
+    frame = run_frame(runs)
+    found = []
+    for (model, data, config), part in frame.groupby(["model", "data", "config"], sort=False):
+        members = [runs[i] for i in part.index]
+        title = f"{model} on {data}" + (f", {config}" if config else "")
+        digest = hashlib.sha256(config.encode()).hexdigest()[:6]
+        found.append(Group(members, title, _slug(f"{model}-{data}-{digest}")))
+    return found
+
+
+def method_colour(method: str) -> tuple[float, float, float]:
+    """The colour of ``method`` in every figure (a method qtrain does not know gets grey)."""
+    return _PALETTE[METHODS.index(method)] if method in METHODS else (0.5, 0.5, 0.5)
+
+
+def label(run: Run) -> str:
+    """A run's name in legends and titles: its method, setting and seed."""
+    return " ".join(part for part in (run.method, setting(run), f"seed {run.seed}") if part)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9=.-]+", "_", text).strip("_")[:120]
+
+
+def _run_slug(run: Run) -> str:
+    digest = hashlib.sha256(str(run.dir.resolve()).encode()).hexdigest()[:8]
+    return f"{_slug(f'{run.method}-{run.model}-{run.data}')}-{digest}"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def _layer_lines(axes, frame: pd.DataFrame, y: str, layers: list[str]) -> ScalarMappable:
+    """One line per layer of ``frame[y]`` over epochs, coloured by depth; returns the colour scale for a colour bar."""
+    scale = ScalarMappable(Normalize(0, max(len(layers) - 1, 1)), colormaps["viridis"])
+    for i, layer in enumerate(layers):
+        part = frame[frame.layer == layer].sort_values("epoch")
+        axes.plot(part.epoch, part[y], "-", marker=".", markersize=3, color=scale.to_rgba(i), linewidth=1.2)
+    axes.grid(alpha=0.3)
+    return scale
+
+
+def _colour_bar(fig: Figure, scale: ScalarMappable, axes_list: list) -> None:
+    fig.colorbar(scale, ax=axes_list, label="layer (0 = first)", shrink=0.9)
+
+
+def _average_bits(precision: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per (epoch, layer): the share-weighted bits of ``column``, work a layer skipped counting as 0 bits.
+
+    The record's options cover the work a layer did; what they leave uncovered (DFQ's skipped blocks,
+    DYNASTY's 0-bit blocks) cost nothing, so the mean is over all of the layer's work.
+    """
+    rows = precision[precision.event == "epoch"] if "event" in precision else precision
+    rows = rows.dropna(subset=[column])
+    share = rows["share"].fillna(1.0) if "share" in rows else pd.Series(1.0, index=rows.index)
+    rows = rows.assign(bits=rows[column] * share)
+    return rows.groupby(["epoch", "layer"], sort=False)["bits"].sum().reset_index()
+
+
+def precision_plot(run: Run, out: Path) -> Path | None:
+    """Average bits per layer over epochs, one panel per operand (AdaPT's word length is its weight bits)."""
+    precision = run.precision
+    if precision.empty or "layer" not in precision:
+        return None
+    layers = list(dict.fromkeys(precision.layer))
+    panels = [(_average_bits(precision, column), name) for column, name in OPERANDS if column in precision]
+    panels = [(frame, name) for frame, name in panels if not frame.empty]
+    if not panels:
+        return None
+    fig = Figure(figsize=(7.5, 2.4 * len(panels)), layout="constrained")
+    axes_list = []
+    for i, (frame, name) in enumerate(panels):
+        axes = fig.add_subplot(len(panels), 1, i + 1)
+        scale = _layer_lines(axes, frame, "bits", layers)
+        axes.set_ylabel(f"{name} bits")
+        axes_list.append(axes)
+    axes.set_xlabel("epoch")
+    _colour_bar(fig, scale, axes_list)
+    fig.suptitle(f"precision per layer (average over each epoch's work): {label(run)}, {run.model} on {run.data}",
+                 fontsize=10)
+    return _save(fig, out / f"precision-{_run_slug(run)}.png")
+
+
+def sparsity_plot(run: Run, out: Path) -> Path | None:
+    """The share of zero weights in each layer at each epoch's end (only where some layer is sparse)."""
+    precision = run.precision
+    if precision.empty or "density" not in precision or not (precision.density.dropna() < 1).any():
+        return None
+    frame = precision.dropna(subset=["density"]).drop_duplicates(["epoch", "layer"], keep="last")
+    frame = frame.assign(sparsity=100.0 * (1.0 - frame.density))
+    fig = Figure(figsize=(7.5, 3), layout="constrained")
+    axes = fig.add_subplot()
+    _colour_bar(fig, _layer_lines(axes, frame, "sparsity", list(dict.fromkeys(precision.layer))), [axes])
+    axes.set(xlabel="epoch", ylabel="sparsity (% zero weights)")
+    fig.suptitle(f"sparsity per layer: {label(run)}, {run.model} on {run.data}", fontsize=10)
+    return _save(fig, out / f"sparsity-{_run_slug(run)}.png")
+
+
+def _legend(fig: Figure, axes_list: list) -> None:
+    """One legend below the figure for the lines of every panel."""
+    entries: dict[str, object] = {}
+    for axes in axes_list:
+        for handle, text in zip(*axes.get_legend_handles_labels()):
+            entries.setdefault(text, handle)
+    fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(3, len(entries)), fontsize=8)
+
+
+def _per_run_lines(runs: list[Run], axes, x: str, y: str, scale_y: float = 1.0) -> bool:
+    """One line per run of ``metrics[y]`` over ``metrics[x]`` in its method's colour; False if no run has both."""
+    drawn = False
+    styles = ("-", "--", ":", "-.")
+    seen: dict[str, int] = {}
+    for run in runs:
+        metrics = run.metrics
+        if metrics.empty or x not in metrics or y not in metrics or metrics[[x, y]].dropna().empty:
+            continue
+        style = styles[seen.get(run.method, 0) % len(styles)]
+        seen[run.method] = seen.get(run.method, 0) + 1
+        axes.plot(metrics[x], metrics[y] * scale_y, style, marker="o", markersize=3, color=method_colour(run.method),
+                  label=label(run))
+        drawn = True
+    return drawn
+
+
+def accuracy_cost_plot(group: Group, out: Path) -> Path | None:
+    """Test accuracy against cumulative effective MACs and against each hardware model's cumulative time."""
+    xs = [("effective_macs", "cumulative effective MACs (float32-equivalent)")] + [
+        (f"{model}_seconds", f"cumulative {name} time (s)") for model, name in HARDWARE]
+    xs = [(x, name) for x, name in xs if any(x in run.metrics for run in group.runs)]
+    if not xs:
+        return None
+    fig = Figure(figsize=(5.5 * len(xs), 4.4), layout="constrained")
+    panels = []
+    for i, (x, name) in enumerate(xs):
+        axes = fig.add_subplot(1, len(xs), i + 1)
+        if not _per_run_lines(group.runs, axes, x, "test_acc", 100.0):
+            return None
+        axes.set(xscale="log", xlabel=name, ylabel="test accuracy (%)")
+        axes.grid(alpha=0.3, which="both")
+        panels.append(axes)
+    _legend(fig, panels)
+    fig.suptitle(f"accuracy against training cost: {group.title}", fontsize=10)
+    return _save(fig, out / f"accuracy-cost-{group.slug}.png")
+
+
+def _option_shares(precision: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
+    """The last epoch's share of each precision option per layer (rows: layers), and what the shares are of.
+
+    DYNASTY's ``bitmap`` rows give each block width's share of the weight map's work; the per-option rows
+    of a method that mixes precisions per sample (DFQ, FracTrain) give each FW/BW option's share of the
+    samples, the rest being skipped blocks.
+    """
+    last = precision[precision.epoch == precision.epoch.max()]
+    if "event" in last and (last.event == "bitmap").any():
+        maps = last[(last.event == "bitmap") & (last.operand == "weight")].set_index("layer")
+        columns = sorted((c for c in maps if re.fullmatch(r"share_\d+bit", c)), key=lambda c: int(c[6:-3]))
+        shares = maps[columns].rename(columns=lambda c: f"{c[6:-3]} bits")
+        return shares, "share of the weight blocks' work (%)"
+    if "share" not in last or "act_bits" not in last:
+        return None
+    rows = last[(last.format != "float32") & last.share.notna()].dropna(subset=["act_bits", "grad_bits"])
+    if rows.empty or rows.groupby("layer").size().max() < 2:  # one precision per layer: nothing is allocated
+        return None
+    rows = rows.assign(option=[f"FW{a:g}/BW{g:g}" for a, g in zip(rows.act_bits, rows.grad_bits)])
+    shares = rows.pivot_table(index="layer", columns="option", values="share", aggfunc="sum", sort=False).fillna(0.0)
+    shares = shares[sorted(shares.columns, key=lambda o: [float(v) for v in re.findall(r"[\d.]+", o)])]
+    shares["skipped"] = (1.0 - shares.sum(axis=1)).clip(lower=0.0)
+    return shares, "share of samples (%)"
+
+
+def bit_allocation_plot(run: Run, out: Path) -> Path | None:
+    """The last epoch's share of each precision option per layer, skipped work included (FracTrain Fig. 8).
+
+    Drawn for the methods that allocate precision per sample or per block; a method that switches in time
+    (AdaPT, MuPPET, PFQ) mixes options within an epoch too, which the precision plot shows instead.
+    """
+    found = None if run.method not in ALLOCATING or run.precision.empty else _option_shares(run.precision)
+    if found is None:
+        return None
+    shares, what = found
+    fig = Figure(figsize=(max(6.0, 0.3 * len(shares) + 2), 4.4), layout="constrained")
+    axes = fig.add_subplot()
+    bottom = pd.Series(0.0, index=shares.index)
+    colours = colormaps["viridis"]
+    widths = [c for c in shares.columns if c != "skipped"]
+    for option in shares.columns:
+        colour = (0.85, 0.85, 0.85) if option == "skipped" else colours(0.9 * widths.index(option) / max(len(widths) - 1, 1))
+        axes.bar(range(len(shares)), 100.0 * shares[option], bottom=100.0 * bottom, color=colour, label=option)
+        bottom += shares[option]
+    axes.set_xticks(range(len(shares)), shares.index, rotation=90, fontsize=7)
+    axes.set(ylabel=what, xlabel="layer", ylim=(0, 100))
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"bit allocation per layer, epoch {int(run.precision.epoch.max())}: {label(run)}, "
+                 f"{run.model} on {run.data}", fontsize=10)
+    return _save(fig, out / f"allocation-{_run_slug(run)}.png")
+
+
+def average_bits_plot(group: Group, out: Path) -> Path | None:
+    """DYNASTY's average bit-width per epoch, with each run's target dotted (DYNASTY Fig. 5)."""
+    fig = Figure(figsize=(6.5, 4), layout="constrained")
+    axes = fig.add_subplot()
+    chosen = [run for run in group.runs if "dynasty_average_bits" in run.metrics]
+    if not _per_run_lines(chosen, axes, "epoch", "dynasty_average_bits"):
+        return None
+    for target in sorted({run.get("method.target_bits") for run in chosen} - {None}):
+        axes.axhline(target, color="black", linestyle=":", linewidth=0.8)
+    axes.set(xlabel="epoch", ylabel="average bits per block (weights x activations)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    fig.suptitle(f"average bit-width over epochs (dotted: targets): {group.title}", fontsize=10)
+    return _save(fig, out / f"average-bits-{group.slug}.png")
+
+
+def turning_points_plot(group: Group, out: Path) -> Path | None:
+    """The training loss per epoch of PFQ/FracTrain runs, a vertical line where the precision stage rose."""
+    chosen = [run for run in group.runs if "stage" in run.metrics and not run.metrics.empty]
+    if not chosen:
+        return None
+    fig = Figure(figsize=(6.5, 4), layout="constrained")
+    axes = fig.add_subplot()
+    _per_run_lines(chosen, axes, "epoch", "train_loss")
+    for run in chosen:
+        metrics = run.metrics
+        rises = metrics.epoch[metrics.stage.diff() > 0]
+        for epoch in rises:
+            axes.axvline(epoch - 0.5, color=method_colour(run.method), linestyle=":", linewidth=1)
+    axes.set(xlabel="epoch", ylabel="training loss")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    fig.suptitle(f"training loss (dotted: a new precision stage begins): {group.title}", fontsize=10)
+    return _save(fig, out / f"loss-turning-points-{group.slug}.png")
+
+
+PER_RUN: tuple[Callable[[Run, Path], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
+ACROSS_RUNS: tuple[Callable[[Group, Path], Path | None], ...] = (accuracy_cost_plot, average_bits_plot,
+                                                                      turning_points_plot)
+
+
+def write_plots(runs: list[Run], out: Path) -> list[Path]:
+    """Every figure the runs have data for, as PNG files in ``out``; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [plot(group, out) for group in groups(runs) for plot in ACROSS_RUNS]
+    written += [plot(run, out) for run in runs for plot in PER_RUN]
+    return [path for path in written if path is not None]

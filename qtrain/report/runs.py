@@ -1,0 +1,147 @@
+"""Run directories as the report reads them: each run's summary, config, metrics, precision trace and status.
+
+A run directory is a folder holding ``summary.json``, ``checkpoint.pt`` or ``metrics.csv`` (what
+``run.py`` writes, see ``results.py``). Its status is the summary's (completed, diverged, failed);
+without a summary it is ``running`` while a process holds its lock, and ``stopped`` otherwise (a run
+killed or cut short: rerunning its command resumes it). Figures of a run without a summary come from
+its last ``metrics.csv`` row, so a sweep in progress reports what it has.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from qtrain.errors import QtrainError
+from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY
+
+MARKERS = (SUMMARY, CHECKPOINT, METRICS)
+
+
+class ReportError(QtrainError):
+    """A report asked of something that is not there (no runs, an unknown paper table, a bad selector)."""
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    if not path.is_file() or path.stat().st_size == 0:
+        return pd.DataFrame()
+    return pd.read_csv(path)
+
+
+def _locked(run_dir: Path) -> bool:
+    """Whether a live process holds the run's lock (the kernel drops the lock of a dead one)."""
+    path = run_dir / LOCK
+    if not path.is_file():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; lists stay values."""
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+@dataclass
+class Run:
+    """One run directory, read once."""
+
+    dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Run:
+        summary: dict[str, Any] = {}
+        if (run_dir / SUMMARY).is_file():
+            try:
+                summary = json.loads((run_dir / SUMMARY).read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ReportError(f"{run_dir / SUMMARY} is not a qtrain summary") from None
+        config = summary.get("config")
+        if config is None and (run_dir / HYDRA_DIR / "config.yaml").is_file():
+            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_DIR / "config.yaml"))
+        return cls(run_dir, summary, config or {})
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        return _read_csv(self.dir / METRICS)
+
+    @cached_property
+    def precision(self) -> pd.DataFrame:
+        return _read_csv(self.dir / PRECISION)
+
+    @cached_property
+    def status(self) -> str:
+        if self.summary:
+            return self.summary["status"]
+        return "running" if _locked(self.dir) else "stopped"
+
+    @cached_property
+    def flat_config(self) -> dict[str, Any]:
+        return flatten(self.config)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A config value by dotted key (``method.target_bits``)."""
+        return self.flat_config.get(key, default)
+
+    @property
+    def method(self) -> str:
+        return self.summary.get("method") or self.get("method.name", "?")
+
+    @property
+    def model(self) -> str:
+        return self.summary.get("model") or self.get("model.name", "?")
+
+    @property
+    def data(self) -> str:
+        return self.summary.get("data") or self.get("data.name", "?")
+
+    @property
+    def seed(self) -> int | None:
+        return self.summary.get("seed", self.get("seed"))
+
+    @property
+    def epochs(self) -> int:
+        if "epochs_completed" in self.summary:
+            return self.summary["epochs_completed"]
+        return len(self.metrics)
+
+    def last(self, column: str) -> float | None:
+        """The last epoch's value of a ``metrics.csv`` column (None when the run has no such column or epoch)."""
+        if column not in self.metrics or self.metrics[column].dropna().empty:
+            return None
+        return float(self.metrics[column].dropna().iloc[-1])
+
+
+def find_runs(paths: list[str | Path]) -> list[Run]:
+    """Every run directory at or under ``paths``, sorted by path; a path that holds none is an error."""
+    runs: list[Run] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ReportError(f"{path} does not exist: give run directories or folders that hold them")
+        found = sorted({marker.parent for name in MARKERS for marker in path.rglob(name)
+                        if HYDRA_DIR not in marker.parts})
+        if not found:
+            raise ReportError(f"{path} holds no qtrain run (no {', '.join(MARKERS)} under it)")
+        runs.extend(Run.load(run_dir) for run_dir in found)
+    return sorted({run.dir.resolve(): run for run in runs}.values(), key=lambda run: str(run.dir))

@@ -1,0 +1,165 @@
+"""The runs table: one row per configuration, its seeds averaged (mean ± std), as pandas frames.
+
+A row's configuration is its method, model and data, its *setting* (the method's keys that differ from
+``conf/method/<name>.yaml``) and its *config* (any other key that differs between the report's runs of the
+same model and data, such as epochs or lr). Runs that differ only in ``seed`` share a row.
+Savings against a baseline compare effective MACs with the baseline's row of the same model and data.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from qtrain.report.runs import ReportError, Run, flatten
+
+# Keys that never make two runs different configurations (seeds are averaged; paths and plumbing change nothing).
+IGNORED = ("seed", "data.root", "train.init_from", "force", "progress", "device")
+HARDWARE = (("bit_serial", "bit-serial"), ("bitfusion", "BitFusion"))
+# A run's figures (percentages in points), then the hardware models' cumulative seconds and joules.
+SCORES = ("test_acc", "best_test_acc", "test_ppl", "effective_macs", "percent_of_float32")
+HARDWARE_FIGURES = tuple(f"{model}_{unit}" for model, _ in HARDWARE for unit in ("seconds", "joules"))
+FIGURES = (*SCORES, *HARDWARE_FIGURES)
+LABELS = {
+    "test_acc": "test acc %", "best_test_acc": "best acc %", "test_ppl": "test ppl (lower is better)",
+    "effective_macs": "eff. MACs", "percent_of_float32": "% of float32", "savings": "savings % vs baseline",
+    **{f"{model}_{unit}": f"{label} {'s' if unit == 'seconds' else 'J'}"
+       for model, label in HARDWARE for unit in ("seconds", "joules")},
+}
+
+
+@cache
+def _method_defaults(name: str) -> dict[str, Any]:
+    from qtrain.cli import conf_dir
+
+    path = conf_dir() / "method" / f"{name}.yaml"
+    return flatten(OmegaConf.to_container(OmegaConf.load(path))) if path.is_file() else {}
+
+
+def _text(value: Any) -> str:
+    return str(value).replace(" ", "") if isinstance(value, list) else str(value)
+
+
+def setting(run: Run) -> str:
+    """The method's keys that differ from its config file's defaults, as ``key=value`` (FracTrain's FW/BW lists...)."""
+    defaults = _method_defaults(run.method)
+    ours = flatten(run.config.get("method", {}))
+    return " ".join(f"{key}={_text(value)}" for key, value in sorted(ours.items())
+                    if key != "name" and defaults.get(key, value) != value and "${" not in str(defaults.get(key)))
+
+
+def figure(run: Run, name: str) -> float | None:
+    """One figure of a run: from its summary where it has one, else its last ``metrics.csv`` row (a run in progress)."""
+    summary = run.summary
+    if name in ("test_acc", "best_test_acc"):
+        value = (summary.get("final") or {}).get("test_acc") if name == "test_acc" else summary.get("best_test_acc")
+        if value is None and not run.metrics.empty and "test_acc" in run.metrics:
+            series = run.metrics["test_acc"]
+            value = series.iloc[-1] if name == "test_acc" else series.max()
+        return None if value is None else 100.0 * float(value)
+    if name == "test_ppl":
+        return run.last("test_ppl")
+    if name in ("effective_macs", "percent_of_float32"):
+        cost = summary.get("cost") or {}
+        return cost[name] if name in cost else run.last(name)
+    model, _, unit = name.rpartition("_")
+    totals = ((summary.get("hardware") or {}).get("models") or {}).get(model)
+    return totals[unit] if totals else run.last(name)
+
+
+def _varying(runs: list[Run]) -> dict[str, list[str]]:
+    """Per (model, data): the config keys outside ``method.`` whose values differ between its runs."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.model, run.data), []).append(run)
+    varying = {}
+    for key, members in groups.items():
+        keys = set().union(*(run.flat_config for run in members))
+        varying["/".join(key)] = sorted(
+            k for k in keys if not k.startswith(("method.", "hydra.")) and k not in IGNORED
+            and len({_text(run.get(k)) for run in members}) > 1)
+    return varying
+
+
+def run_frame(runs: list[Run]) -> pd.DataFrame:
+    """One row per run: its configuration columns, seed, status, epochs, every figure, and its directory."""
+    if not runs:
+        raise ReportError("no runs to report")
+    varying = _varying(runs)
+    rows = []
+    for run in runs:
+        keys = varying["/".join((run.model, run.data))]
+        rows.append({
+            "method": run.method, "model": run.model, "data": run.data, "setting": setting(run),
+            "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None),
+            "seed": run.seed, "status": run.status,
+            "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
+        })
+    return pd.DataFrame(rows)
+
+
+CONFIG_COLUMNS = ["method", "model", "data", "setting", "config"]
+
+
+def _status(values: pd.Series) -> str:
+    counts = values.value_counts()
+    return counts.index[0] if len(counts) == 1 else ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None) -> pd.DataFrame:
+    """``run_frame`` grouped by configuration: runs, status, epochs, each figure's mean and std over seeds.
+
+    ``baseline`` (``{"method": "sbm"}``, keys of the configuration columns) adds ``savings_mean``: 100·(1 − this
+    row's effective MACs / the baseline row's) for the baseline row of the same model and data.
+    """
+    grouped = runs.groupby(CONFIG_COLUMNS, sort=False, dropna=False)
+    table = grouped.agg(runs=("status", "size"), status=("status", _status), epochs=("epochs", "max")).reset_index()
+    for name in FIGURES:
+        stats = grouped[name].agg(["mean", "std"]).reset_index(drop=True)
+        table[f"{name}_mean"], table[f"{name}_std"] = stats["mean"].to_numpy(), stats["std"].to_numpy()
+    if baseline:
+        for key, value in baseline.items():
+            if key not in CONFIG_COLUMNS:
+                raise ReportError(f"--baseline {key}={value} is not allowed: choose keys from {', '.join(CONFIG_COLUMNS)}")
+        table["savings_mean"] = [_savings(table, row, baseline) for _, row in table.iterrows()]
+        table["savings_std"] = math.nan
+    return table
+
+
+def _savings(table: pd.DataFrame, row: pd.Series, baseline: dict[str, str]) -> float:
+    """Savings against the baseline row of this row's model and data (and its config, where that leaves one)."""
+    chosen = table[(table.model == row.model) & (table.data == row.data)]
+    for key, value in baseline.items():
+        chosen = chosen[chosen[key].astype(str) == value]
+    if len(chosen) > 1:
+        chosen = chosen[chosen.config == row.config]
+    if len(chosen) != 1 or not chosen.effective_macs_mean.iloc[0]:
+        return math.nan
+    return 100.0 * (1.0 - row.effective_macs_mean / chosen.effective_macs_mean.iloc[0])
+
+
+def _shown(mean: float, std: float, fmt: str) -> str:
+    if mean is None or math.isnan(mean):
+        return "-"
+    return format(mean, fmt) + ("" if std is None or math.isnan(std) else f" ± {format(std, fmt)}")
+
+
+FORMATS = {"effective_macs": ".3e", **{f"{model}_{unit}": ".4g" for model, _ in HARDWARE for unit in ("seconds", "joules")}}
+
+
+def display_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """``summary_frame`` for reading: ``mean ± std`` cells, labelled columns, columns no row fills dropped."""
+    shown = table[[*CONFIG_COLUMNS, "runs", "status", "epochs"]].copy()
+    for name in (*SCORES, "savings", *HARDWARE_FIGURES):
+        if f"{name}_mean" not in table or table[f"{name}_mean"].isna().all():
+            continue
+        fmt = FORMATS.get(name, ".2f")
+        shown[LABELS[name]] = [_shown(m, s, fmt) for m, s in zip(table[f"{name}_mean"], table[f"{name}_std"])]
+    for column in ("setting", "config"):
+        if (shown[column] == "").all():
+            shown = shown.drop(columns=column)
+    return shown
