@@ -55,39 +55,21 @@ def _task_config(config: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(config, [key for key in config.keys() if key != "hydra"])
 
 
-def result_table(summary: dict) -> str:
-    """The closing table: accuracy, cost in effective MACs and as % of float32, savings."""
-    import pandas as pd
-    cost = summary["cost"]
-    acc = summary["final"]["test_acc"]
-    row = {
-        "method": summary["method"], "model": summary["model"], "data": summary["data"],
-        "status": summary["status"], "epochs": summary["epochs_completed"],
-        "test acc %": "-" if acc is None else f"{100 * acc:.2f}",
-        "cost (eff. MACs)": f"{cost['effective_macs']:.3e}",
-        "% of float32": f"{cost['percent_of_float32']:.2f}",
-        "savings %": f"{cost['savings_percent']:.2f}",
-    }
-    return pd.DataFrame([row]).to_string(index=False)
+def runs_table(run_dirs: list[str | Path]) -> str:
+    """The closing table of a run or a sweep: ``qtrain-report``'s, one row per configuration, seeds averaged."""
+    from qtrain.report.runs import Run
+    from qtrain.report.tables import display_frame, run_frame, summary_frame
+
+    runs = [Run.load(Path(d)) for d in run_dirs]
+    return display_frame(summary_frame(run_frame(runs))).to_string(index=False)
 
 
 def sweep_table(jobs: list[dict[str, Any]]) -> str:
-    """The table at the end of a sweep: every job with its status, final accuracy, cost and directory."""
+    """The jobs of a sweep: number, status and directory (the figures are in :func:`runs_table`)."""
     import pandas as pd
-    rows = []
-    for job in sorted(jobs, key=lambda j: j["num"]):
-        summary = {}
-        path = Path(job["dir"]) / "summary.json"
-        if job["status"] != "failed" and path.is_file():
-            summary = json.loads(path.read_text())
-        acc = (summary.get("final") or {}).get("test_acc")
-        cost = summary.get("cost") or {}
-        rows.append({
-            "job": job["num"], "status": job["status"], "epochs": summary.get("epochs_completed", "-"),
-            "test acc %": "-" if acc is None else f"{100 * acc:.2f}",
-            "% of float32": "-" if "percent_of_float32" not in cost else f"{cost['percent_of_float32']:.2f}",
-            "directory": os.path.relpath(job["dir"]),
-        })
+
+    rows = [{"job": job["num"], "status": job["status"], "directory": os.path.relpath(job["dir"])}
+            for job in sorted(jobs, key=lambda j: j["num"])]
     return pd.DataFrame(rows).to_string(index=False)
 
 
@@ -131,6 +113,9 @@ class RunCallback(Callback):
         jobs = [json.loads(line) for line in self.manifest.read_text().splitlines()]
         self.manifest.unlink()
         print(sweep_table(jobs))
+        finished = [job["dir"] for job in jobs if job["status"] != "failed" and (Path(job["dir"]) / "summary.json").is_file()]
+        if finished:
+            print(runs_table(finished))
         bad = [job for job in sorted(jobs, key=lambda j: j["num"]) if job["status"] != "completed"]
         for job in bad:
             print(f"qtrain: error: job {job['num']} {job['status']}: {job['error']}", file=sys.stderr)
@@ -170,7 +155,7 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
         record_failure(cfg, run_dir, error)
         return {"status": "failed", "error": error}
     if not sweep:
-        print(result_table(summary))
+        print(runs_table([run_dir]))
         print(f"results: {run_dir}")
     return {"status": summary["status"]}
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from qtrain.cost import CostMeter
 from qtrain.data import BatchStream
@@ -57,31 +58,45 @@ class Trainer:
     progress: Progress = field(default_factory=Progress)
     epoch_precision: EpochPrecision = field(default_factory=EpochPrecision)  # of the last epoch trained
 
+    def _bar(self, **kwargs) -> tqdm:
+        """A progress bar on a terminal (none when ``show_progress`` is off or stderr is not a terminal)."""
+        return tqdm(**kwargs, disable=None if self.show_progress else True, dynamic_ncols=True)
+
     def fit(self, on_epoch_end: Callable[[Progress], None]) -> Progress:
-        """Train from ``progress.epoch`` to ``epochs``, calling ``on_epoch_end`` after each epoch."""
-        while self.progress.epoch < self.epochs:
-            start = time.perf_counter()
-            epoch = self.progress.epoch
-            lr = self.optimizer.param_groups[0]["lr"]
-            train = self.train_epoch(epoch)
-            test = self.evaluate()
-            if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                self.scheduler.step(test["test_loss"])
-            else:
-                self.scheduler.step()
-            metrics = {"epoch": epoch + 1, "step": self.progress.step, **train, **test, "lr": lr}
-            self.method.end_epoch(epoch, metrics)
-            seconds = time.perf_counter() - start
-            self.progress.elapsed += seconds
-            self.progress.epoch += 1
-            self.progress.history.append({
-                **metrics, "effective_macs": self.meter.total(),
-                "percent_of_float32": self.meter.percent_of_float32(),
-                "epoch_seconds": seconds, "wall_seconds": self.progress.elapsed,
-                **(self.meter.hardware.columns() if self.meter.hardware is not None else {}),
-            })
-            on_epoch_end(self.progress)
+        """Train from ``progress.epoch`` to ``epochs``, calling ``on_epoch_end`` after each epoch.
+
+        Log lines go through tqdm while the bars are up, so a line is never written into a bar.
+        """
+        with logging_redirect_tqdm(), self._bar(total=self.epochs, initial=self.progress.epoch, desc="training",
+                                                unit="epoch") as bar:
+            while self.progress.epoch < self.epochs:
+                self._fit_epoch(on_epoch_end)
+                bar.update()
         return self.progress
+
+    def _fit_epoch(self, on_epoch_end: Callable[[Progress], None]) -> None:
+        """One epoch: train, evaluate, step the schedule, the method's epoch decision, the metrics row, the callback."""
+        start = time.perf_counter()
+        epoch = self.progress.epoch
+        lr = self.optimizer.param_groups[0]["lr"]
+        train = self.train_epoch(epoch)
+        test = self.evaluate()
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step(test["test_loss"])
+        else:
+            self.scheduler.step()
+        metrics = {"epoch": epoch + 1, "step": self.progress.step, **train, **test, "lr": lr}
+        self.method.end_epoch(epoch, metrics)
+        seconds = time.perf_counter() - start
+        self.progress.elapsed += seconds
+        self.progress.epoch += 1
+        self.progress.history.append({
+            **metrics, "effective_macs": self.meter.total(),
+            "percent_of_float32": self.meter.percent_of_float32(),
+            "epoch_seconds": seconds, "wall_seconds": self.progress.elapsed,
+            **(self.meter.hardware.columns() if self.meter.hardware is not None else {}),
+        })
+        on_epoch_end(self.progress)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
@@ -89,8 +104,8 @@ class Trainer:
         n = len(batches)
         loss_sum, seen = 0.0, 0
         correct = torch.zeros((), dtype=torch.long, device=batches.split.labels.device)
-        bar = tqdm(batches.epoch(epoch), total=n, desc=f"epoch {epoch + 1}/{self.epochs}",
-                   disable=not self.show_progress, leave=False, dynamic_ncols=True)
+        bar = self._bar(iterable=batches.epoch(epoch), total=n, desc=f"epoch {epoch + 1}/{self.epochs}", leave=False,
+                        position=1)
         self.optimizer.zero_grad(set_to_none=True)
         self.epoch_precision = EpochPrecision()
         for i, (x, y) in enumerate(bar):

@@ -85,8 +85,11 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert first.returncode == 1
     lines = first.stdout.splitlines()
     start = lines.index(next(line for line in lines if line.split()[:2] == ["job", "status"]))
-    assert lines[start].split() == ["job", "status", "epochs", "test", "acc", "%", "%", "of", "float32", "directory"]
-    assert [line.split()[:2] for line in lines[start + 1:]] == [["0", "completed"], ["1", "failed"]]
+    assert lines[start].split() == ["job", "status", "directory"]
+    assert [line.split()[:2] for line in lines[start + 1:start + 3]] == [["0", "completed"], ["1", "failed"]]
+    header, *rows = lines[start + 3:]  # then the finished runs' table, as qtrain-report gives it
+    assert header.split()[:8] == ["method", "model", "data", "runs", "status", "epochs", "test", "acc"]
+    assert [row.split()[:5] for row in rows] == [["float32", "resnet20", "synthetic", "1", "completed"]]
     error = f"train.init_from={pre} is not allowed: it holds no finished run (run the pre-training first)"
     assert first.stderr.splitlines()[-1] == f"qtrain: error: job 1 failed: {error}"
     summaries = {json.loads(p.read_text())["status"]: p for p in (tmp_path / "multirun").rglob("summary.json")}
@@ -101,3 +104,59 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert second.returncode == 0, second.stderr
     assert summaries["completed"].stat().st_mtime_ns == stamp
     assert json.loads(summaries["failed"].read_text())["status"] == "completed"
+
+
+def _on_a_terminal(*args: str, cwd) -> str:
+    """Run qtrain with stdout and stderr on a pseudo-terminal, as a user at a shell sees it; return what it showed."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    from pathlib import Path
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column window
+    exe = Path(sys.executable).with_name("qtrain")
+    process = subprocess.Popen([str(exe), *args], cwd=cwd, stdout=follower, stderr=follower, close_fds=True,
+                               env=os.environ)
+    os.close(follower)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the process is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    process.wait(timeout=300)
+    os.close(leader)
+    return shown.decode(errors="replace")
+
+
+def test_progress_bars_on_a_terminal_and_never_in_a_log_line(tmp_path):
+    shown = _on_a_terminal(*[a for a in TINY if a != "progress=false"], "train.epochs=2", cwd=tmp_path)
+    assert "%|" in shown and "epoch 2/2:" in shown  # the bars were drawn
+    assert "training:" in shown  # the epochs' bar
+    lines = [_visible(line) for line in shown.replace("\r\n", "\n").split("\n")]
+    log_lines = [line for line in lines if "train loss" in line]
+    assert len(log_lines) == 2
+    for line in log_lines:  # each log line is a line of its own, with no bar drawn into it
+        assert line.startswith("epoch ") and "%|" not in line, repr(line)
+
+
+def _visible(line: str) -> str:
+    """What a terminal shows of ``line``: each carriage return writes over the line from its start."""
+    shown: list[str] = []
+    for part in line.split("\r"):
+        shown[:len(part)] = part
+    return "".join(shown).rstrip()
+
+
+def test_no_progress_bars_when_not_on_a_terminal(tmp_path):
+    result = run_cli(*[a for a in TINY if a != "progress=false"], "train.epochs=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr + result.stdout and "it/s" not in result.stderr
