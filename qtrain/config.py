@@ -72,6 +72,19 @@ def _values(override: Any) -> list[Any]:
     return []
 
 
+def sweep_size(overrides: list[str]) -> int | None:
+    """How many jobs Hydra's basic sweeper makes of ``overrides`` (every combination), or None where a sweep's
+    values are Hydra's to expand (a glob or an interval)."""
+    size = 1
+    for override in _parse(overrides):
+        if override.is_sweep_override():
+            values = _values(override)
+            if not values:
+                return None
+            size *= len(values)
+    return size
+
+
 def _is_group(override: Any) -> bool:
     return override.key_or_group in GROUPS and override.package is None
 
