@@ -91,6 +91,29 @@ def test_launchers_pass_the_command_line_check_and_help(tmp_path):
     assert not (tmp_path / "multirun").exists()
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["hydra/launcher=nope"],
+     "unknown launcher 'nope' (choose from: basic, joblib, parallel, slurm, submitit_local, submitit_slurm)"),
+    (["hydra/launcher=slurm", "hydra.launcher.partiton=gpu"],
+     "unknown key hydra.launcher.partiton of hydra/launcher=slurm (did you mean hydra.launcher.partition?)"),
+    (["hydra/launcher=slurm", "hydra.launcher.timeout_min=1.5"],
+     "hydra.launcher.timeout_min=1.5 is not allowed: it must be an integer"),
+    (["hydra/launcher=parallel", "hydra.launcher.n_jobs=two", "seed=0,1"],
+     "hydra.launcher.n_jobs='two' is not allowed: it must be an integer"),
+    (["hydra.launcher.n_jobs=2", "seed=0,1"],  # the basic launcher runs one job at a time
+     "unknown key hydra.launcher.n_jobs of hydra/launcher=basic (hydra.launcher has: _target_)"),
+])
+def test_a_bad_launcher_or_launcher_key_is_one_line(args, message):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(args, conf_dir(), True)
+    assert str(err.value) == message
+
+
+def test_launcher_keys_hydra_checks_itself_pass():
+    # a key of a mapping that takes any key (sbatch flags submitit has no name for), added with +
+    check_command_line(["hydra/launcher=slurm", "+hydra.launcher.additional_parameters.mail-user=me"], conf_dir(), True)
+
+
 def _table(stdout):
     lines = stdout.splitlines()
     start = lines.index(next(line for line in lines if line.split()[:2] == ["job", "status"]))
