@@ -5,7 +5,10 @@ job, the exit code says whether any failed, and a rerun redoes the failed jobs o
 """
 
 import json
+import os
+import re
 
+import pandas as pd
 import pytest
 from joblib import cpu_count
 from omegaconf import OmegaConf
@@ -120,11 +123,12 @@ def _table(stdout):
     return [line.split()[:3] for line in lines[start + 1:]]
 
 
-def test_a_parallel_sweep_records_its_failure_and_a_rerun_through_submitit_redoes_it(tmp_path, monkeypatch):
+def test_a_parallel_sweep_records_its_failure_and_a_rerun_redoes_it(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # what each job would run with if qtrain left the threads alone
     pre = tmp_path / "pre"  # the second job starts from a pre-training that does not exist yet: only its run finds out
-    job = [f"train.init_from=null,'{pre}'", *TINY, "train.epochs=1", "method=float32"]
-    first = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *job, cwd=tmp_path)
+    args = ["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", f"train.init_from=null,'{pre}'", *TINY,
+            "train.epochs=1", "method=float32"]
+    first = run_cli(*args, cwd=tmp_path)
     assert first.returncode == 1, first.stderr
     assert _table(first.stdout) == [["0", "completed", "1"], ["1", "failed", "-"]]
     error = f"train.init_from={pre} is not allowed: it holds no finished run (run the pre-training first)"
@@ -139,12 +143,52 @@ def test_a_parallel_sweep_records_its_failure_and_a_rerun_through_submitit_redoe
     from qtrain.run import run
 
     run(make_config(*TINY, "train.epochs=1", "method=float32"), pre)
-    # The same sweep through submitit (each job a process of its own, as on SLURM) finds the same directories:
-    # it reports the finished job and redoes the failed one only.
-    second = run_cli("-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", *job, cwd=tmp_path)
+    second = run_cli(*args, cwd=tmp_path)  # reports the finished job, redoes the failed one
     assert second.returncode == 0, second.stderr
     assert _table(second.stdout) == [["0", "completed", "1"], ["1", "completed", "1"]]
     assert summaries["completed"].stat().st_mtime_ns == stamp
     redone = json.loads(summaries["failed"].read_text())
-    assert redone["status"] == "completed" and redone["threads"] == 1  # its cpus_per_task
-    assert list((tmp_path / "multirun" / ".submitit").iterdir())  # the jobs' logs
+    assert redone["status"] == "completed" and redone["threads"] == max(1, cpu_count() // 2)
+
+
+@pytest.mark.slow
+def test_slurm_jobs_resume_after_a_time_out_and_the_last_time_out_is_recorded(tmp_path, monkeypatch):
+    """Through submitit's SLURM executor, on a SLURM stand-in (tests/fake_slurm.py) that signals the jobs."""
+    from .fake_slurm import install
+
+    install(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path))
+    monkeypatch.setenv("FAKE_SLURM_RUNS", str(tmp_path / "multirun" / "*" / "*seed={task},*"))
+    # Job 0 gets its time-limit signal once, job 1 in each of its two runs: with one requeue allowed, job 1 runs out.
+    monkeypatch.setenv("FAKE_SLURM_SIGNALS", "0:1,1:2")
+    # timeout_min=1: every signal comes after 80 % of the time limit, so submitit counts it as a time-out
+    args = ["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=1", "hydra.launcher.max_num_timeout=1",
+            "hydra.launcher.cpus_per_task=1", "seed=0,1", *TINY, "train.epochs=4", "method=float32"]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 1, first.stderr
+    assert _table(first.stdout) == [["0", "completed", "4"], ["1", "failed", "-"]]
+    error = "UncompletedJobError: Job not requeued because: timed-out too many times."
+    assert first.stderr.splitlines()[-1] == f"qtrain: error: job 1 failed: {error}"
+    assert (tmp_path / "100_0.runs").read_text() == (tmp_path / "100_1.runs").read_text() == "2"  # each requeued once
+    logs = tmp_path / "multirun" / ".submitit"
+    [log0] = logs.glob("100_0/*_log.out")
+    assert re.search(r"resuming \S+seed=0,\S+ after epoch \d", log0.read_text())
+    [summary0] = (tmp_path / "multirun").glob("*/*seed=0,*/summary.json")
+    assert json.loads(summary0.read_text())["status"] == "completed"
+    assert json.loads(summary0.read_text())["threads"] == 1  # its cpus_per_task
+    stamp = summary0.stat().st_mtime_ns
+    [run1] = (tmp_path / "multirun").glob("*/*seed=1,*")
+    failed = json.loads((run1 / "summary.json").read_text())
+    assert failed["status"] == "failed" and failed["error"] == error
+    done = len(pd.read_csv(run1 / "metrics.csv"))  # epochs finished before the last time-out
+    assert 2 <= done < 4
+
+    monkeypatch.setenv("FAKE_SLURM_SIGNALS", "")
+    second = run_cli(*args, cwd=tmp_path)  # the rerun redoes job 1 from its checkpoint
+    assert second.returncode == 0, second.stderr
+    assert _table(second.stdout) == [["0", "completed", "4"], ["1", "completed", "4"]]
+    assert summary0.stat().st_mtime_ns == stamp
+    [log1] = logs.glob("101_1/*_log.out")
+    assert f"after epoch {done}" in log1.read_text()
+    assert pd.read_csv(run1 / "metrics.csv")["epoch"].tolist() == [1, 2, 3, 4]
