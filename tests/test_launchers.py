@@ -14,7 +14,7 @@ from joblib import cpu_count
 from omegaconf import OmegaConf
 
 from qtrain.cli import conf_dir
-from qtrain.config import check_command_line, digest, identity, run_dir_name
+from qtrain.config import check_command_line, digest, identity, run_dir_name, sweep_size
 from qtrain.errors import ConfigError
 from qtrain.launch import job_threads
 
@@ -40,6 +40,14 @@ def test_each_parallel_job_gets_its_share_of_the_cores():
             job_threads({"n_jobs": bad}, 2, cores=16)
     with pytest.raises(ConfigError, match=r"^hydra\.launcher\.cpus_per_task=0 is not allowed: it must be an integer >= 1$"):
         job_threads({"cpus_per_task": 0}, 2, cores=16)
+
+
+def test_sweep_size_counts_the_combinations():
+    assert sweep_size(["method=float32,sbm", "seed=0,1,2", "train.epochs=1"]) == 6
+    assert sweep_size(["seed=range(0,4)", "model=resnet20"]) == 4
+    assert sweep_size(["train.epochs=1"]) == 1
+    assert sweep_size(["method=glob(*)"]) is None  # Hydra lists the choices
+    assert sweep_size(["optim.lr=interval(0.01,0.1)"]) is None  # a sampling sweeper's to draw
 
 
 def _compose(*overrides):
