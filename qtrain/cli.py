@@ -7,7 +7,9 @@ Errors come up front, as one line ``qtrain: error: ...`` with exit code 2 (3 for
   (:meth:`RunCallback.on_run_start`), and a later error removes the folders this run created.
 
 In a sweep (``-m``) a job's failure, of any kind, is recorded in its directory and the sweep goes on;
-at the end one table lists every job, and the exit code is 1 if any failed or diverged.
+at the end one table lists every job, and the exit code is 1 if any failed or diverged. Jobs may run
+in other processes (``hydra/launcher=parallel``) or on other hosts (``hydra/launcher=slurm``): each
+reports to the sweep through a file of its own, and gets the torch threads :mod:`qtrain.launch` decides.
 
 torch and pandas are imported only once a run starts, so ``--help`` and a bad command line answer at once.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -31,8 +34,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from qtrain.config import check_command_line, run_dir_name, validate
+from qtrain.config import check_command_line, run_dir_name, sweep_size, validate
 from qtrain.errors import DivergedError, QtrainError, RunDirError
+from qtrain.launch import job_threads, machine_cores, use_threads
 
 _new_dirs: list[Path] = []  # the folders of this single run's directory that did not exist before it
 
@@ -77,7 +81,10 @@ class RunCallback(Callback):
     """Hydra callbacks: the checks before a single run's directory exists; a sweep's record and closing table."""
 
     def __init__(self) -> None:
-        self.manifest: Path | None = None  # a sweep's jobs, one JSON line each (jobs may run in other processes)
+        # A sweep's record: a folder with one JSON file per job, written where the job runs (appends to one
+        # shared file are not atomic on the network filesystems a cluster's jobs share).
+        self.manifest: Path | None = None
+        self.threads: int | None = None  # torch threads of each job of a sweep (qtrain.launch)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         HydraConfig.instance().set_config(config)
@@ -93,7 +100,15 @@ class RunCallback(Callback):
             _fail(err)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.manifest = Path(str(config.hydra.sweep.dir)).absolute() / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}.jsonl"
+        try:
+            self.threads = job_threads(config.hydra.launcher, sweep_size(list(config.hydra.overrides.task)), machine_cores())
+        except QtrainError as err:
+            _fail(err)
+        self.manifest = Path(str(config.hydra.sweep.dir)).absolute() / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}"
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.threads is not None:  # in the job's own process, before its run imports torch
+            use_threads(self.threads)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.manifest is None:
@@ -102,16 +117,16 @@ class RunCallback(Callback):
             outcome = job_return.return_value
         else:
             outcome = {"status": "failed", "error": f"{type(job_return._return_value).__name__}: {job_return._return_value}"}
-        line = {"num": config.hydra.job.num, "dir": config.hydra.runtime.output_dir, **outcome}
-        self.manifest.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.manifest, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        record = {"num": config.hydra.job.num, "dir": config.hydra.runtime.output_dir, **outcome}
+        from qtrain.results import atomic_write
+
+        atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(json.dumps(record)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.manifest is None or not self.manifest.is_file():
+        if self.manifest is None or not self.manifest.is_dir():
             return
-        jobs = [json.loads(line) for line in self.manifest.read_text().splitlines()]
-        self.manifest.unlink()
+        jobs = [json.loads(path.read_text()) for path in self.manifest.glob("*.json")]
+        shutil.rmtree(self.manifest)
         print(sweep_table(jobs))
         finished = [job["dir"] for job in jobs if job["status"] != "failed" and (Path(job["dir"]) / "summary.json").is_file()]
         if finished:

@@ -6,6 +6,7 @@ Checks give one-line errors naming the bad value and what is allowed:
   (``method=...``) must name a file in ``conf/``; every ``key=value`` must name a key of the composed
   config (an unknown key gets the nearest valid one), and its value must have the type of the key's
   default; ``+key`` and ``~key`` are refused, since nothing in qtrain reads a key its config files lack.
+  ``hydra/launcher=...`` must name a launcher, and ``hydra.launcher.KEY=...`` one of its keys.
 - :func:`validate` checks the run-level values of a composed config (training length, batch sizes,
   device, data, optimizer, schedule). Method-specific values are checked by each method's constructor.
 
@@ -30,6 +31,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from qtrain.errors import ConfigError
 
 GROUPS = ("method", "model", "data", "optim", "sched", "experiment")
+LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau")
@@ -72,15 +74,28 @@ def _values(override: Any) -> list[Any]:
     return []
 
 
+def sweep_size(overrides: list[str]) -> int | None:
+    """How many jobs Hydra's basic sweeper makes of ``overrides`` (every combination), or None where a sweep's
+    values are Hydra's to expand (a glob or an interval)."""
+    size = 1
+    for override in _parse(overrides):
+        if override.is_sweep_override():
+            values = _values(override)
+            if not values:
+                return None
+            size *= len(values)
+    return size
+
+
 def _is_group(override: Any) -> bool:
     return override.key_or_group in GROUPS and override.package is None
 
 
-def _compose(conf_dir: Path, choices: list[str]) -> DictConfig:
+def _compose(conf_dir: Path, choices: list[str], with_hydra: bool = False) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return compose(config_name="config", overrides=choices)
+        return compose(config_name="config", overrides=choices, return_hydra_config=with_hydra)
 
 
 def _has_key(cfg: DictConfig, key: str) -> bool:
@@ -136,9 +151,49 @@ def _check_type(key: str, default: Any, value: Any) -> None:
             return
 
 
+def _check_key(cfg: DictConfig, override: Any, what: str = "") -> None:
+    key = override.key_or_group
+    if not _has_key(cfg, key):
+        raise _unknown_key(key, cfg, f"unknown key {key}{what}")
+    default = OmegaConf.select(cfg, key, throw_on_missing=False)
+    for value in _values(override):
+        _check_type(key, default, value)
+
+
+def launcher_options(conf_dir: Path) -> list[str]:
+    """What ``hydra/launcher=NAME`` may name: qtrain's launchers (``conf/hydra/launcher/``) and Hydra's installed ones."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # discovering Hydra's plugins imports them, and they store their launchers' configs
+    stored = (name.removesuffix(".yaml") for name in ConfigStore.instance().list(LAUNCHER))
+    return sorted({*group_options(conf_dir, LAUNCHER), *stored})
+
+
+def _check_launcher(overrides: list[Any], conf_dir: Path) -> None:
+    """``hydra/launcher=NAME`` names a launcher; ``hydra.launcher.KEY=VALUE`` one of its keys, with a value of its type.
+
+    Deeper keys, ``+`` and ``~`` are Hydra's to check (``hydra.launcher.additional_parameters`` takes any key).
+    """
+    choices = [o for o in overrides if o.key_or_group == LAUNCHER]
+    if choices:
+        options = launcher_options(conf_dir)
+        for name in (name for o in choices for name in _values(o)):
+            if name not in options:
+                raise ConfigError(f"unknown launcher {name!r} (choose from: {', '.join(options)})")
+    keys = [o for o in overrides if o.key_or_group.startswith("hydra.launcher.") and o.key_or_group.count(".") == 2
+            and not (o.is_add() or o.is_delete())]
+    if keys:
+        cfg = _compose(conf_dir, [o.input_line for o in choices], with_hydra=True)
+        for override in keys:
+            _check_key(cfg, override, f" of hydra/launcher={cfg.hydra.runtime.choices[LAUNCHER]}")
+
+
 def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
     """Raise ConfigError for an override that names no group choice or key, or gives a value of the wrong type."""
-    parsed = [o for o in _parse(overrides) if not o.is_hydra_override()]
+    everything = _parse(overrides)
+    _check_launcher([o for o in everything if o.is_hydra_override()], conf_dir)
+    parsed = [o for o in everything if not o.is_hydra_override()]
     for override in parsed:
         text = override.input_line or override.key_or_group
         if override.is_sweep_override() and not multirun:
@@ -166,11 +221,7 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
         if override.is_delete():
             raise ConfigError(f"{text} is not allowed: qtrain reads every key of its config (set {key} instead)")
         for cfg in configs:
-            if not _has_key(cfg, key):
-                raise _unknown_key(key, cfg, f"unknown key {key}")
-            default = OmegaConf.select(cfg, key, throw_on_missing=False)
-            for value in _values(override):
-                _check_type(key, default, value)
+            _check_key(cfg, override)
 
 
 # ---- checks of a composed config ----

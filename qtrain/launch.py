@@ -1,0 +1,66 @@
+"""How the jobs of a sweep share a machine: the torch threads each job gets under Hydra's launchers.
+
+- ``hydra/launcher=parallel`` (Hydra's joblib launcher) runs up to ``n_jobs`` jobs at a time in worker
+  processes on this machine; each job gets an equal share of the cores, ``cores // running jobs``
+  (at least one), where the running jobs are ``n_jobs`` (joblib's reading: -1 all cores, -2 all but one)
+  or the sweep's size where that is smaller.
+- ``hydra/launcher=slurm`` and submitit's local launcher give each job ``cpus_per_task`` CPUs.
+- The basic launcher runs one job at a time, with torch's own choice (every core).
+
+The decision is made once, when the sweep starts (:func:`job_threads`, before any work, so a bad
+``n_jobs`` is one line), and applied in each job's process before torch starts its thread pools
+(:func:`use_threads`); ``summary.json`` records the threads a run had.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from qtrain.errors import ConfigError
+
+# The thread pools torch and the BLAS libraries it may load size themselves from when they start.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"hydra.launcher.{key}={value!r} is not allowed: it must be an integer >= 1")
+    return value
+
+
+def job_threads(launcher: Mapping[str, Any], jobs: int | None, cores: int) -> int | None:
+    """The torch threads of each job of a sweep, or None for torch's default.
+
+    ``launcher`` is the sweep's ``hydra.launcher`` config, ``jobs`` the number of jobs in the sweep
+    (None where unknown), ``cores`` the cores this machine gives the sweep.
+    """
+    if "n_jobs" in launcher:  # joblib
+        n_jobs = launcher["n_jobs"]
+        if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs == 0:
+            raise ConfigError(f"hydra.launcher.n_jobs={n_jobs!r} is not allowed: it must be a number of jobs at a time "
+                              "(>= 1) or -k for all cores but k-1 (-1: one job per core)")
+        running = n_jobs if n_jobs > 0 else max(cores + 1 + n_jobs, 1)
+        if jobs is not None:
+            running = min(running, jobs)
+        return max(1, cores // running)
+    if launcher.get("cpus_per_task") is not None:  # submitit: SLURM or local
+        return _positive_int("cpus_per_task", launcher["cpus_per_task"])
+    return None
+
+
+def machine_cores() -> int:
+    """The cores this process may use: its CPU affinity and cgroup quota, as joblib counts them for ``n_jobs=-1``."""
+    from joblib import cpu_count
+
+    return cpu_count()
+
+
+def use_threads(threads: int) -> None:
+    """Run torch in this process with ``threads`` threads (set before its pools start where they have not yet)."""
+    for var in THREAD_VARS:
+        os.environ[var] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
