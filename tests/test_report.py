@@ -38,13 +38,13 @@ def _method(name: str, **changes) -> dict:
 
 def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[float], *, seed: int = 0,
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
-             method_keys: dict | None = None, summary_extra: dict | None = None,
+             method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
              precision: list[dict] | None = None, metrics_extra: dict | None = None) -> Path:
     """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    config = {"method": _method(method, **(method_keys or {})), "model": {"name": model}, "data": {"name": data},
-              "seed": seed, "train": {"epochs": epochs, "batch_size": 128}}
+    config = {"method": _method(method, **(method_keys or {})), "model": {"name": model},
+              "data": {"name": data, **(data_keys or {})}, "seed": seed, "train": {"epochs": epochs, "batch_size": 128}}
     metrics = pd.DataFrame({"epoch": range(1, len(accs) + 1), "test_acc": accs, "train_loss": [2.0 - a for a in accs],
                             "effective_macs": macs, **(metrics_extra or {})})
     metrics.to_csv(run_dir / "metrics.csv", index=False)
@@ -142,6 +142,21 @@ def test_a_cell_matches_only_runs_with_its_setting(tmp_path):
     assert set(comparison.row) == {"CIFAR-100 / DYNASTY / 2"}
     assert set(comparison.metric) == {"test_acc", "average_bits", "acc_drop"}
     assert comparison.set_index("metric").loc["acc_drop"].isna().ours  # no float32 run to measure against
+
+
+def test_a_relative_figure_takes_the_baseline_of_its_own_data_half(tmp_path):
+    # FracTrain Table 5: savings over SBM on the adaptation half (classes) against SBM on that half, not the other
+    adaptation, finetuning = {"subset": {"by": "classes", "part": 1}}, {"subset": {"by": "samples", "part": 1}}
+    sbm = {"act_range": "tensor", "last_layer": "float32"}
+    fake_run(tmp_path, "sbm-a", "sbm", [0.5, 0.7], [4e12, 8e12], model="resnet38", data_keys=adaptation, method_keys=sbm)
+    fake_run(tmp_path, "sbm-f", "sbm", [0.5, 0.6], [5e12, 9e12], model="resnet38", data_keys=finetuning, method_keys=sbm)
+    fake_run(tmp_path, "ft-a", "fractrain", [0.72, 0.71], [1e12, 2e12], model="resnet38", data_keys=adaptation,
+             method_keys={"cp_schedule": [1.5, 2, 2.5, 3]})
+    cells = compare(find_runs([tmp_path]), "fractrain_table5")[0].set_index(["row", "column"])
+    improvement = "ResNet-38 CIFAR-100 / FracTrain Improv."
+    assert cells.loc[(improvement, "Adaptation / MACs")].ours == pytest.approx(100 * (1 - 1e12 / 8e12))  # at best epochs
+    assert cells.loc[(improvement, "Adaptation / Acc (%)")].ours == pytest.approx(72.0 - 70.0)
+    assert (improvement, "Fine-tuning / MACs") not in cells.index  # no FracTrain run on the fine-tuning half
 
 
 def test_every_paper_table_reads_and_names_known_runs():

@@ -172,14 +172,20 @@ RELATIVE: dict[str, tuple[str, tuple[str, ...], Callable[[float, float], float]]
 
 
 def _baseline_cell(table: pd.DataFrame, cell: pd.Series) -> pd.Series | None:
-    """The cell a relative figure is measured against: same model and data, in the same row if there is one."""
+    """The cell a relative figure is measured against: same model and data, in the same row if there is one, and
+    sharing the most of the cell's overrides outside ``method.`` (FracTrain Table 5's data halves)."""
     method, metrics, _ = RELATIVE[cell.metric]
     candidates = table[(table.method == method) & (table.model == cell.model) & (table.data == cell.data)
                        & table.metric.isin(metrics)]
     same_row = candidates[candidates.row == cell.row]
     chosen = same_row if len(same_row) else candidates
+    if chosen.empty:
+        return None
+    ours = {token for token in cell.setting.split() if not token.startswith("method.")}
+    shared = chosen.setting.map(lambda text: len(ours & set(text.split())))
+    chosen = chosen[shared == shared.max()]
     if chosen[["setting", "metric"]].drop_duplicates().shape[0] != 1:
-        return None  # no baseline, or several the table does not tell apart
+        return None  # several baselines the table does not tell apart
     return chosen.iloc[0]
 
 
