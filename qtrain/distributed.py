@@ -161,7 +161,7 @@ def all_gather(obj: Any) -> list[Any]:
 def wrap(model: nn.Module, device: torch.device, unused_parameters: bool) -> nn.Module:
     """``model`` in DistributedDataParallel (gradients averaged over ranks); ``model`` itself on one process.
 
-    Buffers are not broadcast at every forward (BatchNorm statistics and running ranges stay each rank's
+    Buffers are synced from rank 0 once, not at every forward (BatchNorm statistics and running ranges stay each rank's
     until :func:`average_buffers`); ``unused_parameters`` for models whose forward may skip layers (DFQ's gates).
     """
     if not active():
@@ -169,7 +169,7 @@ def wrap(model: nn.Module, device: torch.device, unused_parameters: bool) -> nn.
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False,
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False,
                                    find_unused_parameters=unused_parameters)
 
 

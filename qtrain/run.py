@@ -332,7 +332,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         last = train_batches.global_size(len(train_batches) - 1)
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed on {world} processes: the "
                           f"{len(train_split)} training samples leave a batch of {last}, fewer than one sample per "
-                          f"process (choose a batch size that leaves at least {world})")
+                          f"process (choose one whose last batch holds at least {world} samples)")
     method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, len(train_split.labels),
                                       -(-cfg.train.batch_size // world)))
     trainer = Trainer(

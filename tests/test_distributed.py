@@ -169,6 +169,8 @@ def test_ranks_slice_each_batch_into_the_one_process_batch():
     assert [len(y) for _, y in parts[0]] == [32, 3] and [len(y) for _, y in parts[1]] == [32, 3]
     for (x, y), (x0, y0), (x1, y1) in zip(alone, *parts):
         assert torch.equal(torch.cat([x0, x1]), x) and torch.equal(torch.cat([y0, y1]), y)
+    short = load_data(make_config(*TINY, "data.n_train=65").data)  # a last batch of 1: rank 1 would get nothing
+    assert BatchStream(short, short.train, 64, 5, True, rank=1, world=2).smallest_part() == 0
 
 
 def test_world_size_is_part_of_the_identity(monkeypatch):
