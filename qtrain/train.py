@@ -115,10 +115,10 @@ class Trainer:
                 total = self.method.loss(loss, info)
                 value = total.item()
                 task = value if total is loss else loss.item()
-                share = len(y) / samples
                 if distributed.active():  # any rank's NaN makes the sum NaN: every rank stops together
                     value, task = (v / samples for v in distributed.sum_floats([value * len(y), task * len(y)]))
-                    total = total * (share * distributed.world_size())  # DDP's mean over ranks then weighs by samples
+                    # DDP averages the ranks' gradients: weighted so, they are the gradient of the whole batch's mean
+                    total = total * (len(y) * distributed.world_size() / samples)
                 if not math.isfinite(value):
                     raise Diverged(value, epoch, self.progress.step)
                 (total / self.accum_steps).backward()
