@@ -34,8 +34,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from qtrain import distributed
 from qtrain.config import check_command_line, run_dir_name, sweep_size, validate
-from qtrain.errors import DivergedError, QtrainError, RunDirError
+from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.launch import job_threads, machine_cores, use_threads
 
 _new_dirs: list[Path] = []  # the folders of this single run's directory that did not exist before it
@@ -151,6 +152,8 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
+    if not distributed.is_writer():  # rank 0 tells the story once
+        logging.getLogger("qtrain").setLevel(logging.WARNING)
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         summary = run(cfg, run_dir, list(hydra_cfg.overrides.task))
@@ -169,7 +172,7 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
         error = f"{type(err).__name__}: {err}".splitlines()[0]
         record_failure(cfg, run_dir, error)
         return {"status": "failed", "error": error}
-    if not sweep:
+    if not sweep and distributed.is_writer():
         print(runs_table([run_dir]))
         print(f"results: {run_dir}")
     return {"status": summary["status"]}
@@ -187,6 +190,9 @@ def main() -> None:
     configs = conf_dir()
     args = get_args_parser().parse_args()
     try:
+        if args.multirun and distributed.active():
+            raise ConfigError(f"a sweep (-m) cannot run under torchrun (WORLD_SIZE={distributed.world_size()}): start "
+                              "each job with torchrun, or the sweep on one process")
         if not (args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion):
             check_command_line(args.overrides, configs, args.multirun)
     except QtrainError as err:

@@ -11,7 +11,9 @@ Checks give one-line errors naming the bad value and what is allowed:
   device, data, optimizer, schedule). Method-specific values are checked by each method's constructor.
 
 A run's identity (:func:`identity`) is its whole resolved config minus :data:`NOT_IDENTITY`, the keys
-that cannot change its results; its digest names the run directory and guards resumes (``run.py``).
+that cannot change its results, plus ``world_size`` where torchrun starts more than one process
+(BatchNorm statistics and activation ranges are per process); its digest names the run directory and
+guards resumes (``run.py``), so a run never resumes under another world size.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from qtrain import distributed
 from qtrain.errors import ConfigError
 
 GROUPS = ("method", "model", "data", "optim", "sched", "experiment")
@@ -341,7 +344,7 @@ def validate(cfg: DictConfig) -> None:
 # ---- a run's identity ----
 
 def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
-    """The resolved config minus :data:`NOT_IDENTITY`, with :data:`PATH_KEYS` made absolute."""
+    """The resolved config minus :data:`NOT_IDENTITY`, with :data:`PATH_KEYS` made absolute, and the world size above 1."""
     if isinstance(config, DictConfig):
         plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
     else:
@@ -354,6 +357,8 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
         value = plain.get(section, {}).get(key) if isinstance(plain.get(section), dict) else None
         if isinstance(value, str) and value != "???":
             plain[section][key] = os.path.abspath(os.path.expanduser(value))
+    if distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
+        plain["world_size"] = distributed.world_size()
     return plain
 
 

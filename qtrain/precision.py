@@ -90,6 +90,21 @@ class EpochPrecision:
             for share, bits in layer.options:
                 acc[bits] = acc.get(bits, 0.0) + share * samples
 
+    @classmethod
+    def merged(cls, parts: list[EpochPrecision]) -> EpochPrecision:
+        """The epoch over every rank's samples, from each rank's own (in rank order, so every rank gets the same)."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls()
+        for part in parts:
+            out.samples += part.samples
+            out.formats.update(part.formats)
+            for name, acc in part.weights.items():
+                into = out.weights.setdefault(name, {})
+                for bits, weight in acc.items():
+                    into[bits] = into.get(bits, 0.0) + weight
+        return out
+
     def record(self) -> PrecisionRecord:
         return {name: LayerPrecision(tuple((w / self.samples, bits) for bits, w in acc.items()), self.formats[name])
                 for name, acc in self.weights.items()}

@@ -20,6 +20,13 @@ what it holds:
 
 After every epoch the metrics, precision and cost tables and a checkpoint are written atomically, so
 a crash or kill loses at most the epoch in progress.
+
+Under ``torchrun`` (:mod:`qtrain.distributed`) only rank 0 locks the directory, decides what it holds
+and writes; it tells the other ranks its decision (a one-line error, a finished run's summary, or
+train from the checkpoint it found) and every rank then loads that same checkpoint. The world size
+is part of the identity (BatchNorm statistics and activation ranges are per rank), so a run resumes
+only under the world size it started with. Each rank keeps its own RNG stream (stochastic rounding
+of its own samples); the checkpoint holds every rank's.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, gemm_layers, operand_sizes, to_target
 from qtrain.data import DATASETS, BatchStream, load_data
@@ -144,7 +152,7 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
         if name not in known:
             raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(sorted(known))})")
     check_model_config(cfg.model)
-    device = _device(cfg.device)
+    device = distributed.check_launch(_device(cfg.device))
     method = build_method(cfg.method)
     initial = None if cfg.train.init_from is None else initial_weights(cfg.train.init_from)
     check_writable(run_dir)
@@ -192,6 +200,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "wall_seconds": progress.elapsed,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
+        "world_size": distributed.world_size(),
         "versions": _versions(),
         "run_id": digest(ident),
         "identity": ident,
@@ -238,27 +247,60 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     ``overrides`` (the command line's) are written to ``.hydra/overrides.yaml`` beside the config.
     """
     plan = preflight(cfg, run_dir)
+    distributed.setup(plan.device)
     files = RunFiles(run_dir)
-    with files.lock():
-        files.remove_stale_temps()
-        if cfg.force:
-            files.clear()
-        summary = files.read_summary()
-        earlier, checkpoint = _earlier_identity(files, summary)
-        mismatch = _foreign(files, earlier, identity(cfg))
-        if mismatch:
-            raise RunDirError(mismatch)
-        if summary is not None and summary["status"] == "completed":
-            log.info("%s already holds a finished run (force=true reruns it)", files.dir)
-            return summary
-        if summary is not None and summary["status"] == "diverged":
-            where = summary["diverged"]
-            raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where['loss']} at epoch "
-                                f"{where['epoch']}, step {where['step']}): force=true starts it over")
-        if checkpoint is not None and checkpoint["device_type"] != plan.device.type:
-            raise RunDirError(f"{files.dir} holds a run trained on {checkpoint['device_type']}, and device={cfg.device} "
-                              f"is {plan.device.type} here: resume it on {checkpoint['device_type']}, or pass force=true")
+    if not distributed.is_writer():
+        return _follow(cfg, files, plan)
+    lock = files.lock()
+    try:
+        lock.acquire()
+        finished, checkpoint = _decide(cfg, files, plan)
+    except (RunDirError, DivergedError) as err:  # the other ranks raise it too
+        lock.release()
+        distributed.broadcast(("error", type(err).__name__, str(err)))
+        raise
+    try:
+        if finished is not None:
+            distributed.broadcast(("done", finished))
+            return finished
+        distributed.broadcast(("train", checkpoint is not None))
         return _train(cfg, files, plan, checkpoint, overrides or [])
+    finally:
+        lock.release()
+
+
+def _decide(cfg: DictConfig, files: RunFiles, plan: Preflight) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """What the locked directory holds for this run: (a finished run's summary, or None; the checkpoint to resume, or None)."""
+    files.remove_stale_temps()
+    if cfg.force:
+        files.clear()
+    summary = files.read_summary()
+    earlier, checkpoint = _earlier_identity(files, summary)
+    mismatch = _foreign(files, earlier, identity(cfg))
+    if mismatch:
+        raise RunDirError(mismatch)
+    if summary is not None and summary["status"] == "completed":
+        log.info("%s already holds a finished run (force=true reruns it)", files.dir)
+        return summary, None
+    if summary is not None and summary["status"] == "diverged":
+        where = summary["diverged"]
+        raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where['loss']} at epoch "
+                            f"{where['epoch']}, step {where['step']}): force=true starts it over")
+    if checkpoint is not None and checkpoint["device_type"] != plan.device.type:
+        raise RunDirError(f"{files.dir} holds a run trained on {checkpoint['device_type']}, and device={cfg.device} "
+                          f"is {plan.device.type} here: resume it on {checkpoint['device_type']}, or pass force=true")
+    return None, checkpoint
+
+
+def _follow(cfg: DictConfig, files: RunFiles, plan: Preflight) -> dict[str, Any]:
+    """A rank other than 0: do what rank 0 decided, training from the checkpoint it found."""
+    decision = distributed.broadcast(None)
+    if decision[0] == "error":
+        raise {"RunDirError": RunDirError, "DivergedError": DivergedError}[decision[1]](decision[2])
+    if decision[0] == "done":
+        return decision[1]
+    checkpoint = files.load_checkpoint() if decision[1] else None  # rank 0 writes none before all ranks train an epoch
+    return _train(cfg, files, plan, checkpoint, [])
 
 
 def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[str, Any] | None,
@@ -282,13 +324,21 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
-    method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, len(train_split.labels)))
+    rank, world = distributed.rank(), distributed.world_size()
     augment = cfg.data.augment
+    train_batches = BatchStream(data, train_split, cfg.train.batch_size, cfg.seed, True, augment.crop_padding,
+                                augment.flip, rank, world)
+    if train_batches.smallest_part() < 1:
+        last = train_batches.global_size(len(train_batches) - 1)
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed on {world} processes: the "
+                          f"{len(train_split)} training samples leave a batch of {last}, fewer than one sample per "
+                          f"process (choose one whose last batch holds at least {world} samples)")
+    method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, len(train_split.labels),
+                                      -(-cfg.train.batch_size // world)))
     trainer = Trainer(
-        model, method, optimizer, scheduler, meter,
-        BatchStream(data, train_split, cfg.train.batch_size, cfg.seed, True, augment.crop_padding, augment.flip),
-        BatchStream(data, test_split, cfg.train.eval_batch_size, cfg.seed, False),
-        cfg.train.epochs, cfg.train.accum_steps, cfg.progress,
+        model, method, optimizer, scheduler, meter, train_batches,
+        BatchStream(data, test_split, cfg.train.eval_batch_size, cfg.seed, False, rank=rank, world=world),
+        cfg.train.epochs, cfg.train.accum_steps, cfg.progress and distributed.is_writer(),
     )
     trainer.warmup = build_warmup(cfg.sched, optimizer, -(-len(trainer.train_batches) // cfg.train.accum_steps))
     precision_log: list[dict] = []
@@ -303,9 +353,14 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         meter.load_state_dict(checkpoint["meter"])
         trainer.progress = Progress(**checkpoint["progress"])
         precision_log = checkpoint["precision_log"]
-        _set_rng_state(checkpoint["rng"])
+        _set_rng_state(checkpoint["rank_rng"][rank] if distributed.active() else checkpoint["rng"])
         log.info("resuming %s after epoch %d", files.dir, trainer.progress.epoch)
-    files.write_config(cfg, overrides)
+    elif rank:
+        seed_everything(cfg.seed + 1_000_003 * rank)  # rank 0 keeps the one-process stream
+    trainer.model = distributed.wrap(model, device, method.skips_layers)
+    writer = distributed.is_writer()
+    if writer:
+        files.write_config(cfg, overrides)
     layers = gemm_layers(model)
     ident = identity(cfg)
 
@@ -313,6 +368,9 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         precision_log.extend(method.drain_switch_rows())
         precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers,
                                             method.layer_columns()))
+        rank_rngs = distributed.all_gather(_rng_state()) if distributed.active() else None
+        if not writer:
+            return
         files.write_table(METRICS, pd.DataFrame(progress.history))
         files.write_table(PRECISION, pd.DataFrame(precision_log))
         files.write_table(COST, meter.table())
@@ -321,6 +379,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "method": method.state_dict(),
             "warmup": trainer.warmup.state_dict() if trainer.warmup is not None else None,
             "meter": meter.state_dict(), "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
+            **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
         })
         row = progress.history[-1]
         log.info("epoch %d/%d  train loss %.4f  acc %.4f | test loss %.4f  acc %.4f | cost %.2f%% of float32 | %.1fs",
@@ -330,8 +389,10 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     try:
         trainer.fit(end_epoch)
     except Diverged as err:
-        files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err))
+        if writer:
+            files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err))
         raise
     summary = summarize(cfg, trainer.progress, meter, method, "completed", device)
-    files.write_summary(summary)
+    if writer:
+        files.write_summary(summary)
     return summary

@@ -4,6 +4,14 @@ Per micro-batch: forward, task loss plus the method's terms, a NaN/inf check, ba
 meter charged at the method's current precision. Every ``accum_steps`` micro-batches: the method
 reads the gradients, the optimizer steps, the method acts on the new weights. Per epoch: evaluation,
 the schedule, the method's epoch decision, then ``on_epoch_end`` (results and checkpoint, in run.py).
+
+On several processes (:mod:`qtrain.distributed`) ``model`` is the DistributedDataParallel wrapper
+and each rank trains on its slice of every batch. Each micro-batch's loss is weighted by the rank's
+share of it, so the averaged gradient is the one-process gradient of the whole batch; the losses the
+trainer and the divergence check read are summed over ranks per micro-batch; at the epoch's end the
+accuracy, the precision record, the buffers (BatchNorm statistics, running ranges) and the cost
+meter are reduced, and evaluation runs on slices of the test set whose sums are reduced, so every
+rank sees the same metrics before the method's epoch decision.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from qtrain import distributed
 from qtrain.cost import CostMeter
 from qtrain.data import BatchStream
 from qtrain.errors import DivergedError
@@ -80,6 +89,7 @@ class Trainer:
         epoch = self.progress.epoch
         lr = self.optimizer.param_groups[0]["lr"]
         train = self.train_epoch(epoch)
+        distributed.average_buffers(self.model)
         test = self.evaluate()
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.scheduler.step(test["test_loss"])
@@ -87,6 +97,8 @@ class Trainer:
             self.scheduler.step()
         metrics = {"epoch": epoch + 1, "step": self.progress.step, **train, **test, "lr": lr}
         self.method.end_epoch(epoch, metrics)
+        if distributed.active():
+            self.meter.merge_ranks(distributed.sum_floats)
         seconds = time.perf_counter() - start
         self.progress.elapsed += seconds
         self.progress.epoch += 1
@@ -109,18 +121,26 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.epoch_precision = EpochPrecision()
         for i, (x, y) in enumerate(bar):
-            info = StepInfo(epoch, self.progress.step, len(y))
-            logits = self.model(x)
-            loss = F.cross_entropy(logits, y)
-            total = self.method.loss(loss, info)
-            value = total.item()
-            if not math.isfinite(value):
-                raise Diverged(value, epoch, self.progress.step)
-            (total / self.accum_steps).backward()
+            samples = batches.global_size(i)
+            info = StepInfo(epoch, self.progress.step, samples)
+            step_ends = (i + 1) % self.accum_steps == 0 or i + 1 == n
+            with distributed.gradient_sync(self.model, step_ends):
+                logits = self.model(x)
+                loss = F.cross_entropy(logits, y)
+                total = self.method.loss(loss, info)
+                value = total.item()
+                task = value if total is loss else loss.item()
+                if distributed.active():  # any rank's NaN makes the sum NaN: every rank stops together
+                    value, task = (v / samples for v in distributed.sum_floats([value * len(y), task * len(y)]))
+                    # DDP averages the ranks' gradients: weighted so, they are the gradient of the whole batch's mean
+                    total = total * (len(y) * distributed.world_size() / samples)
+                if not math.isfinite(value):
+                    raise Diverged(value, epoch, self.progress.step)
+                (total / self.accum_steps).backward()
             record = self.method.precision()
             self.meter.add(record, len(y))
             self.epoch_precision.add(record, len(y))
-            if (i + 1) % self.accum_steps == 0 or i + 1 == n:
+            if step_ends:
                 self.method.after_backward(info)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -128,19 +148,24 @@ class Trainer:
                 if self.warmup is not None and self.progress.step <= self.warmup.total_iters:
                     self.warmup.step()
                 self.method.after_step(info)
-            loss_sum += (value if total is loss else loss.item()) * len(y)
+            loss_sum += task * samples
             correct += (logits.argmax(1) == y).sum()  # stays on the device until the epoch ends
-            seen += len(y)
+            seen += samples
             bar.set_postfix(loss=f"{value:.3f}", refresh=False)
-        return {"train_loss": loss_sum / seen, "train_acc": correct.item() / seen}
+        self.epoch_precision = EpochPrecision.merged(distributed.all_gather(self.epoch_precision))
+        return {"train_loss": loss_sum / seen, "train_acc": distributed.sum_(correct).item() / seen}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.model.eval()
+        model = distributed.unwrap(self.model)
+        model.eval()
         loss_sum, correct, seen = 0.0, 0, 0
         for x, y in self.test_batches.epoch(0):
-            logits = self.model(x)
+            if not len(y):  # a rank's slice of a short last batch
+                continue
+            logits = model(x)
             loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
             correct += (logits.argmax(1) == y).sum().item()
             seen += len(y)
+        loss_sum, correct, seen = distributed.sum_floats([loss_sum, correct, seen])
         return {"test_loss": loss_sum / seen, "test_acc": correct / seen}

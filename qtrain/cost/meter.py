@@ -7,9 +7,15 @@ per sample are charged exactly. Totals are "effective MACs" (float32-equivalent 
 FracTrain's tables); bit-MACs are 1024 times that. A float32 step costs 3 MACs per MAC per sample.
 Given the layers' operand sizes, the meter also prices every step on the hardware models
 (:class:`qtrain.cost.hardware.HardwareMeter`).
+
+On several processes each rank charges its own micro-batches at its own precision record (DFQ's
+per-sample shares differ per rank); :meth:`CostMeter.merge_ranks` at each epoch's end adds every
+rank's charges since the last merge, so the totals count every sample once, as one process would.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -26,6 +32,27 @@ class CostMeter:
         self.samples = 0
         self.effective = {name: [0.0, 0.0, 0.0] for name in self.macs}
         self.hardware = HardwareMeter(self.macs, sizes) if sizes is not None else None
+        self._merged = self._figures()  # the figures at the last merge over ranks, every rank's alike
+
+    def _accumulators(self) -> list[list[float]]:
+        accs = list(self.effective.values())
+        if self.hardware is not None:
+            accs += [acc for layers in self.hardware.layers.values() for acc in layers.values()]
+        return accs
+
+    def _figures(self) -> list[float]:
+        return [float(self.samples), *(v for acc in self._accumulators() for v in acc)]
+
+    def merge_ranks(self, sum_over_ranks: Callable[[list[float]], list[float]]) -> None:
+        """Add the other ranks' charges since the last merge (``sum_over_ranks`` sums a list elementwise over ranks)."""
+        figures = self._figures()
+        added = sum_over_ranks([now - then for now, then in zip(figures, self._merged)])
+        merged = [then + more for then, more in zip(self._merged, added)]
+        self.samples = round(merged[0])
+        values = iter(merged[1:])
+        for acc in self._accumulators():
+            acc[:] = [next(values) for _ in acc]
+        self._merged = merged
 
     def add(self, record: PrecisionRecord, samples: int) -> None:
         """Charge one step of ``samples`` samples at the precision in ``record`` (absent layers: float32)."""
@@ -72,3 +99,4 @@ class CostMeter:
         self.effective = {k: list(v) for k, v in state["effective"].items()}
         if self.hardware is not None:
             self.hardware.load_state_dict(state["hardware"])
+        self._merged = self._figures()

@@ -4,6 +4,11 @@ Images stay a uint8 tensor on the training device; each batch is gathered, padde
 cropped and flipped as whole-batch tensor operations, then normalized. No per-sample Python in the
 hot loop. The order and the augmentation of an epoch depend only on (seed, epoch), so a resumed
 run sees exactly the batches an uninterrupted one would have.
+
+On several processes (:mod:`qtrain.distributed`) ``batch_size`` stays the global batch: every rank
+draws the same order and augmentation and takes its own contiguous slice of each batch (sizes differ
+by at most one where a batch does not split evenly), so the ranks together see exactly the samples of
+a one-process run.
 """
 
 from __future__ import annotations
@@ -64,8 +69,11 @@ class BatchStream:
         train: bool,
         crop_padding: int = 0,
         flip: bool = False,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.split, self.batch_size, self.seed, self.train = split, batch_size, seed, train
+        self.rank, self.world = rank, world
         self.crop_padding, self.flip = (crop_padding, flip) if train else (0, False)
         device = split.images.device
         channels = data.image_shape[0]
@@ -75,26 +83,40 @@ class BatchStream:
     def __len__(self) -> int:
         return -(-len(self.split) // self.batch_size)
 
+    def global_size(self, i: int) -> int:
+        """How many samples batch ``i`` holds over all ranks."""
+        return min(self.batch_size, len(self.split) - i * self.batch_size)
+
+    def smallest_part(self) -> int:
+        """The fewest samples a rank gets from any batch (the last batch may be short)."""
+        return self.global_size(len(self) - 1) // self.world
+
+    def _part(self, size: int) -> slice:
+        """This rank's slice of a batch of ``size`` samples."""
+        return slice(self.rank * size // self.world, (self.rank + 1) * size // self.world)
+
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n, device = len(self.split), self.split.images.device
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(n, generator=gen).to(device) if self.train else torch.arange(n, device=device)
         for start in range(0, n, self.batch_size):
-            idx = order[start:start + self.batch_size]
+            batch = order[start:start + self.batch_size]
+            part = self._part(len(batch))  # the random draws below cover the whole batch, as on one process
+            idx = batch[part]
             x = self.split.images[idx].to(torch.float32)
             if self.crop_padding:
-                x = self._random_crop(x, gen)
+                x = self._random_crop(x, gen, len(batch), part)
             if self.flip:
-                flips = (torch.rand(len(idx), generator=gen) < 0.5).to(device).view(-1, 1, 1, 1)
+                flips = (torch.rand(len(batch), generator=gen)[part] < 0.5).to(device).view(-1, 1, 1, 1)
                 x = torch.where(flips, x.flip(3), x)
             yield (x - self.mean) * self.inv_std, self.split.labels[idx]
 
-    def _random_crop(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def _random_crop(self, x: torch.Tensor, gen: torch.Generator, size: int, part: slice) -> torch.Tensor:
         b, _, h, w = x.shape
         p = self.crop_padding
         padded = F.pad(x, (p, p, p, p))
-        dy = torch.randint(0, 2 * p + 1, (b, 1), generator=gen).to(x.device)
-        dx = torch.randint(0, 2 * p + 1, (b, 1), generator=gen).to(x.device)
+        dy = torch.randint(0, 2 * p + 1, (size, 1), generator=gen)[part].to(x.device)
+        dx = torch.randint(0, 2 * p + 1, (size, 1), generator=gen)[part].to(x.device)
         rows = (dy + torch.arange(h, device=x.device)).view(b, 1, h, 1)
         cols = (dx + torch.arange(w, device=x.device)).view(b, 1, 1, w)
         batch = torch.arange(b, device=x.device).view(b, 1, 1, 1)

@@ -73,6 +73,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from qtrain import distributed
 from qtrain.cost.adapt_model import LayerState, check_baselines
 from qtrain.errors import ConfigError
 from qtrain.methods.adapt_switching import (
@@ -210,7 +211,9 @@ class AdaPT(PricedByPerformanceModel):
     def after_backward(self, info: StepInfo) -> None:
         """Algorithm 2 (PrecisionSwitch) on this step's gradients, before the optimizer applies them."""
         cfg = self.cfg
-        step_loss = float(torch.stack(self.step_losses).mean()) if self.step_losses else math.nan
+        step_loss = math.nan
+        if self.step_losses:  # the mean over every process's micro-batches: each one adapts the same strategy
+            step_loss = float(distributed.sum_(torch.stack(self.step_losses).mean())) / distributed.world_size()
         self.step_losses = []
         self._adapt_strategy(step_loss)
         for name, layer in self.layers.items():
@@ -244,8 +247,9 @@ class AdaPT(PricedByPerformanceModel):
         """PushDown then PushUp for layer ``name`` (Algorithm 2, lines 6-10); its window starts over."""
         cfg, state = self.cfg, self.states[name]
         start = time.perf_counter()
-        minimal = pushdown(self.layers[name].weight, state.format, state.resolution, cfg.kl_epsilon,
-                           search=cfg.pushdown_search)
+        # rank 0's search: its stochastic rounding draws from each process's own stream
+        minimal = distributed.broadcast(pushdown(self.layers[name].weight, state.format, state.resolution,
+                                                 cfg.kl_epsilon, search=cfg.pushdown_search))
         s = increase(diversity, minimal.fl, self.strategy, cfg.pushup)
         state.format = pushup(minimal, s, cfg.buffer_bits, cfg.pushup)
         state.window.clear()

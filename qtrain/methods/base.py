@@ -20,16 +20,25 @@ from qtrain.precision import PrecisionRecord
 
 @dataclass(frozen=True)
 class RunFacts:
-    """What a method may need to know of the run: micro-batch size, accumulation, training-set size."""
+    """What a method may need to know of the run: micro-batch size, accumulation, training-set size.
+
+    ``batch_size`` is the global micro-batch; ``rank_batch_size`` the most samples of it one process
+    trains on (the same on one process).
+    """
 
     batch_size: int
     accum_steps: int
     samples_per_epoch: int
+    rank_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rank_batch_size is None:
+            object.__setattr__(self, "rank_batch_size", self.batch_size)
 
 
 @dataclass
 class StepInfo:
-    """Where the trainer is: epoch, optimizer step, and the micro-batch's sample count."""
+    """Where the trainer is: epoch, optimizer step, and the micro-batch's sample count (over every process)."""
 
     epoch: int
     step: int
@@ -84,6 +93,7 @@ class Method:
     """Float32 training: no quantization, every operand charged 32 bits."""
 
     name = "float32"
+    skips_layers = False  # whether a forward may leave some parameters unused (DDP must then look for them)
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg

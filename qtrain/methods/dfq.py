@@ -50,6 +50,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch import nn
 
+from qtrain import distributed
 from qtrain.cost.profile import profile_macs
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, StepInfo, check_bits, check_choice, check_positive
@@ -80,6 +81,7 @@ def parse_options(options: Any) -> list[tuple[int, int]]:
 
 class DFQ(Method):
     name = "dfq"
+    skips_layers = True
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
@@ -215,7 +217,11 @@ class DFQ(Method):
         shares = torch.stack([block.gates.mean(0) for block in self.blocks])
         cp = self.fixed_cp + (shares * self.cost_cp).sum()
         cost = (shares * self.cost_units).sum() * info.samples
-        measured, *flat = torch.cat([cp.detach().view(1), shares.detach().flatten()]).tolist()
+        # the controller's sign reads the cp of the whole micro-batch (over every process); the record is this
+        # process's own samples, which the cost meter charges
+        local = len(self.blocks[0].gates)
+        measured_cp = distributed.mean_over_samples(cp.detach(), local, info.samples)
+        measured, *flat = torch.cat([measured_cp.view(1), shares.detach().flatten()]).tolist()
         self._record = self._step_record(flat)
         self._cp_sum += measured * info.samples
         self._samples += info.samples

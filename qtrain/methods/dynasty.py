@@ -53,6 +53,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from qtrain import distributed
 from qtrain.errors import ConfigError
 from qtrain.methods import dynasty_map
 from qtrain.methods.base import Method, RunFacts, check_choice, check_int, check_number
@@ -126,9 +127,9 @@ class Dynasty(Method):
         return model
 
     def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
-        self.batch_size = facts.batch_size
+        self.batch_size = facts.rank_batch_size  # an activation map covers one process's part of a batch
         for quant in self.layers.values():
-            quant.act.batch_size = facts.batch_size
+            quant.act.batch_size = self.batch_size
 
     def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
         self.macs = super().profile(model, sample)
@@ -203,7 +204,9 @@ class Dynasty(Method):
         computation = [self.computation(n, o) for n, o, _ in operands]
         sizes = [t.numel() for t in computation]
         weight = torch.cat(computation)
-        r = dynasty_map.relative_sensitivity(torch.cat([q.sensitivity for _, _, q in operands]), weight)
+        # summed over processes (block by block of each process's part of the batch): every process gets one map
+        sensitivities = distributed.sum_(torch.cat([q.sensitivity for _, _, q in operands]))
+        r = dynasty_map.relative_sensitivity(sensitivities, weight)
         alpha, beta = float(cfg.target_bits), float(cfg.max_bits)
         start = self.lam if self.lam is not None else dynasty_map.first_lambda(r, weight, alpha)
         self.lam = dynasty_map.tune_lambda(start, r, weight, alpha, beta, cfg.iterations)

@@ -1,0 +1,181 @@
+"""One run on two CPU processes (gloo): the ranks decide alike, the loss falls, the cost counts every sample once,
+a killed two-process run resumes to the same results; and the pieces in-process (batch slices, identity)."""
+
+import math
+import os
+import pickle
+import socket
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from qtrain.config import first_difference, identity
+from qtrain.data import BatchStream, load_data
+from qtrain.run import run
+from qtrain.train import Trainer
+
+from .conftest import TINY, make_config
+
+METHODS = {
+    "sbm": ["method=sbm"],
+    # the indicator's window of 2 epochs fills at epoch 2 and its epsilon passes any loss: a switch there
+    "pfq": ["method=pfq", "method.window=2", "method.epsilon=100"],
+    "dfq": ["method=dfq"],
+}
+TIMING = ("epoch_seconds", "wall_seconds")
+
+
+class Stop(Exception):
+    """The kill of the interrupted run: raised on both ranks once epoch 1's results are written."""
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN and tensors compared element by element."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _traced_run(overrides, run_dir, stop_after=None):
+    """Run with every epoch's metrics, precision record and meter recorded, and what this rank charged itself."""
+    trace, charged = [], [0.0]
+    fit = Trainer.fit
+
+    def traced_fit(self, on_epoch_end):
+        meter_add = self.meter.add
+
+        def counted_add(record, samples):
+            before = self.meter.total()
+            meter_add(record, samples)
+            charged[0] += self.meter.total() - before
+
+        self.meter.add = counted_add
+
+        def record(progress):
+            on_epoch_end(progress)
+            trace.append({"metrics": {k: v for k, v in progress.history[-1].items() if k not in TIMING},
+                          "precision": self.epoch_precision.record(), "method": self.method.state_dict(),
+                          "meter": self.meter.state_dict()})
+            if progress.epoch == stop_after:
+                raise Stop
+        return fit(self, record)
+
+    Trainer.fit = traced_fit
+    try:
+        summary = run(make_config(*overrides), run_dir)
+    finally:
+        Trainer.fit = fit
+    return {"trace": trace, "charged": charged[0], "summary": summary}
+
+
+def _worker(rank, world, port, jobs, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    results = {}
+    for name, overrides, run_dir, stop_after in jobs:
+        try:
+            results[name] = _traced_run(overrides, run_dir, stop_after)
+        except Stop:
+            results[name] = "stopped"
+    with open(f"{out}/rank{rank}.pkl", "wb") as f:
+        pickle.dump(results, f)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every job on two gloo processes, in one process group: SBM, PFQ, DFQ; SBM killed after epoch 1, then resumed."""
+    root = tmp_path_factory.mktemp("ddp")
+    jobs = [(m, [*TINY, *o], str(root / m), None) for m, o in METHODS.items()]
+    jobs += [("killed", [*TINY, "method=sbm"], str(root / "resumed"), 1),
+             ("resumed", [*TINY, "method=sbm"], str(root / "resumed"), None)]
+    mp.spawn(_worker, args=(2, _free_port(), jobs, str(root)), nprocs=2, join=True)
+    ranks = []
+    for rank in range(2):
+        with open(root / f"rank{rank}.pkl", "rb") as f:
+            ranks.append(pickle.load(f))
+    return root, ranks
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_both_ranks_decide_alike_and_the_loss_falls(two_ranks, method):
+    _, (zero, one) = two_ranks
+    assert _same(zero[method]["trace"], one[method]["trace"])  # metrics, precision records, method state, meter
+    losses = [epoch["metrics"]["train_loss"] for epoch in zero[method]["trace"]]
+    assert losses[-1] < losses[0]
+    if method == "pfq":  # the indicator read the same loss on both ranks and turned at epoch 2
+        assert [e["method"]["schedule"]["stage"] for e in zero[method]["trace"]] == [0, 1]
+
+
+# Per sample and layer, the share of float32 that a one-process run charges (FracTrain's CC): SBM at 8 bits
+# everywhere; PFQ's first stage FW-3/BW-6 with the classifier (the last layer) in float32. DFQ's gates see
+# per-rank BatchNorm statistics, so no one-process run picks the same options: its cost is checked as the sum of
+# what each rank charged at its own records.
+ONE_PROCESS_SHARE = {"sbm": (3 * 8 * 8 / 1024, 3 * 8 * 8 / 1024),
+                     "pfq": ((3 * 3 + 6 * 3 + 3 * 6) / 1024, 3.0)}  # (every layer but the last, the last)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_cost_counts_every_sample_once(two_ranks, method):
+    root, (zero, one) = two_ranks
+    summary = zero[method]["summary"]
+    samples = 2 * 256  # two epochs of the 256 synthetic samples
+    cost = pd.read_csv(root / method / "cost.csv")
+    assert summary["world_size"] == 2 and zero[method]["trace"][-1]["meter"]["samples"] == samples
+    assert summary["cost"]["float32_effective_macs"] == samples * 3 * cost["macs_per_sample"].sum()
+    assert cost["effective_macs"].sum() == pytest.approx(summary["cost"]["effective_macs"], rel=1e-12)
+    if method == "dfq":
+        charged = zero[method]["charged"] + one[method]["charged"]
+        assert summary["cost"]["effective_macs"] == pytest.approx(charged, rel=1e-12)
+        return
+    body, last = ONE_PROCESS_SHARE[method]
+    macs = cost["macs_per_sample"]
+    expected = samples * (body * macs.iloc[:-1].sum() + last * macs.iloc[-1])
+    assert summary["cost"]["effective_macs"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_only_rank_0_writes_and_a_killed_run_resumes_to_the_same_results(two_ranks):
+    root, (zero, one) = two_ranks
+    assert zero["killed"] == one["killed"] == "stopped"
+    assert _same(zero["resumed"]["trace"], one["resumed"]["trace"])
+    assert len(zero["resumed"]["trace"]) == 1  # it went on after epoch 1
+    assert _same(zero["resumed"]["trace"][-1], zero["sbm"]["trace"][-1])
+    whole, resumed = (pd.read_csv(root / d / "metrics.csv").drop(columns=list(TIMING)) for d in ("sbm", "resumed"))
+    pd.testing.assert_frame_equal(whole, resumed)
+    assert sorted(p.name for p in (root / "sbm").iterdir()) == [
+        ".hydra", "checkpoint.pt", "cost.csv", "metrics.csv", "precision.csv", "summary.json"]
+    assert len(torch.load(root / "sbm" / "checkpoint.pt", weights_only=True)["rank_rng"]) == 2
+
+
+def test_ranks_slice_each_batch_into_the_one_process_batch():
+    data = load_data(make_config(*TINY, "data.n_train=70").data)  # the last batch of 6 splits 3/3
+    kw = dict(crop_padding=2, flip=True)
+    alone = list(BatchStream(data, data.train, 64, 5, True, **kw).epoch(1))
+    parts = [list(BatchStream(data, data.train, 64, 5, True, rank=r, world=2, **kw).epoch(1)) for r in range(2)]
+    assert [len(y) for _, y in parts[0]] == [32, 3] and [len(y) for _, y in parts[1]] == [32, 3]
+    for (x, y), (x0, y0), (x1, y1) in zip(alone, *parts):
+        assert torch.equal(torch.cat([x0, x1]), x) and torch.equal(torch.cat([y0, y1]), y)
+    short = load_data(make_config(*TINY, "data.n_train=65").data)  # a last batch of 1: rank 1 would get nothing
+    assert BatchStream(short, short.train, 64, 5, True, rank=1, world=2).smallest_part() == 0
+
+
+def test_world_size_is_part_of_the_identity(monkeypatch):
+    cfg = make_config(*TINY)
+    one = identity(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    two = identity(cfg)
+    assert "world_size" not in one and first_difference(one, two) == "world_size (absent) → 2"
