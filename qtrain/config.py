@@ -226,6 +226,11 @@ def _validate_data(cfg: DictConfig) -> None:
                                or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
         shown = OmegaConf.to_container(subset) if isinstance(subset, DictConfig) else subset
         raise ConfigError(f"data.subset={shown} is not allowed: {{by: classes|samples, part: 0|1}} or null")
+    sample = data.sample
+    if sample is not None and (not isinstance(sample, DictConfig) or set(sample.keys()) != {"train", "test"}
+                               or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
+        shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
+        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
 
 
 def _validate_optim(cfg: DictConfig) -> None:
