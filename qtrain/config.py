@@ -29,10 +29,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from qtrain.errors import ConfigError
 
-GROUPS = ("method", "model", "data", "optim", "sched", "experiment")
+GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau")
+FILE_DATASETS = ("cifar10", "cifar100", "mnist")  # the datasets read from data.root
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
 # (compiled kernels reorder float reductions) included.
@@ -210,7 +211,7 @@ def _require_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], what: s
 
 def _validate_data(cfg: DictConfig) -> None:
     data = cfg.data
-    if "root" in data.keys():
+    if data.name in FILE_DATASETS:  # scale=smoke turns a file dataset into its synthetic stand-in, root and all
         if OmegaConf.is_missing(data, "root"):
             raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {data.name} files")
         if not isinstance(data.root, str) or not Path(data.root).expanduser().is_dir():
