@@ -33,11 +33,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from qtrain import distributed
 from qtrain.errors import ConfigError
 
-GROUPS = ("method", "model", "data", "optim", "sched", "experiment")
+GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau")
+FILE_DATASETS = ("cifar10", "cifar100", "mnist")  # the datasets read from data.root
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
 # (compiled kernels reorder float reductions) included.
@@ -264,7 +265,7 @@ def _require_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], what: s
 
 def _validate_data(cfg: DictConfig) -> None:
     data = cfg.data
-    if "root" in data.keys():
+    if data.name in FILE_DATASETS:  # scale=smoke turns a file dataset into its synthetic stand-in, root and all
         if OmegaConf.is_missing(data, "root"):
             raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {data.name} files")
         if not isinstance(data.root, str) or not Path(data.root).expanduser().is_dir():
@@ -280,6 +281,11 @@ def _validate_data(cfg: DictConfig) -> None:
                                or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
         shown = OmegaConf.to_container(subset) if isinstance(subset, DictConfig) else subset
         raise ConfigError(f"data.subset={shown} is not allowed: {{by: classes|samples, part: 0|1}} or null")
+    sample = data.sample
+    if sample is not None and (not isinstance(sample, DictConfig) or set(sample.keys()) != {"train", "test"}
+                               or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
+        shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
+        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
 
 
 def _validate_optim(cfg: DictConfig) -> None:

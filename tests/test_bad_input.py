@@ -52,6 +52,9 @@ CASES = {
     "no training data": (["data.n_train=0"], None, "data.n_train=0 is not allowed: it must be an integer >= 1"),
     "no data root": (["data=cifar10"], None, "data.root is not set: pass data.root=DIR, the folder that holds the "
                                              "cifar10 files"),
+    "sample without a test size": (["data.sample={train: 10}"], None,
+                                   "data.sample={'train': 10} is not allowed: {train: N, test: M} with integers >= 1, "
+                                   "or null"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,

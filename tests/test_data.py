@@ -177,3 +177,19 @@ def test_sample_halves_keep_every_class_and_the_whole_test_set():
         assert (abs(counts * 2 - torch.bincount(full.train.labels, minlength=10)) <= 1).all()
     rows = {tuple(x.flatten().tolist()) for half in halves for x in half.train.images}
     assert len(rows) == len({tuple(x.flatten().tolist()) for x in full.train.images})  # disjoint, covering
+
+
+def test_fixed_size_sample_is_class_balanced_the_same_for_every_run_and_applies_after_the_halves():
+    full = load_data(make_config("data=digits").data)
+    sample = load_data(make_config("data=digits", "data.sample={train: 53, test: 20}").data)
+    again = load_data(make_config("data=digits", "data.sample={train: 53, test: 20}", "seed=1").data)
+    assert (len(sample.train), len(sample.test)) == (53, 20)
+    # 53 over 10 classes: 5 each, and the 3 left over go to the first 3 classes; 20 over 10: 2 each
+    assert torch.bincount(sample.train.labels, minlength=10).tolist() == [6, 6, 6, 5, 5, 5, 5, 5, 5, 5]
+    assert torch.bincount(sample.test.labels, minlength=10).tolist() == [2] * 10
+    assert torch.equal(sample.train.images, again.train.images) and torch.equal(sample.test.labels, again.test.labels)
+    full_rows = {tuple(x.flatten().tolist()) for x in full.train.images}
+    assert all(tuple(x.flatten().tolist()) in full_rows for x in sample.train.images)
+    half = load_data(make_config("data=digits", "data.subset={by: classes, part: 1}", "data.sample={train: 10, test: 5}").data)
+    assert half.num_classes == 5 and torch.bincount(half.train.labels, minlength=5).tolist() == [2] * 5
+    assert len(half.test) == 5

@@ -1,22 +1,37 @@
-"""Every experiment config composes, and its values pass the checks a run makes before any work."""
+"""Every experiment composes at every scale and passes the checks a run makes before any work; paper scale is
+the papers' settings; mini shortens the schedule in proportion; every experiment runs at smoke scale."""
+
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from qtrain.cli import conf_dir
-from qtrain.config import group_options, validate
+from qtrain.config import FILE_DATASETS, digest, group_options, identity, validate
 from qtrain.methods import build_method
 
 from .conftest import make_config
 
+EXPERIMENTS = group_options(conf_dir(), "experiment")
+SCALES = group_options(conf_dir(), "scale")
 
-@pytest.mark.parametrize("experiment", group_options(conf_dir(), "experiment"))
-def test_every_experiment_composes_and_passes_the_checks(experiment, tmp_path):
-    cfg = make_config(f"experiment={experiment}")
-    if "root" in cfg.data.keys() and OmegaConf.is_missing(cfg.data, "root"):
+
+def test_the_scales_are_paper_mini_and_smoke():
+    assert SCALES == ["mini", "paper", "smoke"]
+    assert make_config().train.epochs == make_config("scale=paper").train.epochs == 12
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_passes_the_checks(experiment, scale, tmp_path):
+    cfg = make_config(f"experiment={experiment}", f"scale={scale}")
+    if cfg.data.name in FILE_DATASETS and OmegaConf.is_missing(cfg.data, "root"):
         cfg.data.root = str(tmp_path)  # a folder: the files are read only once a run starts
     validate(cfg)
     build_method(cfg.method)
+    if scale == "smoke":  # no data files, eager kernels, no progress bars, 2 epochs
+        assert cfg.data.name not in FILE_DATASETS
+        assert (cfg.train.epochs, cfg.fused, cfg.progress) == (2, False, False)
 
 
 @pytest.mark.parametrize("experiment,model,data,accum,buffer_bits,l2", [
@@ -31,6 +46,8 @@ def test_adapt_table_runs_follow_the_paper_and_reference_configs(experiment, mod
     assert (cfg.train.batch_size, cfg.train.accum_steps, cfg.train.epochs) == (512, accum, 100)
     assert (cfg.method.buffer_bits, cfg.method.l2, cfg.optim.weight_decay) == (buffer_bits, l2, 0.0)
     assert cfg.sched.name == "plateau" and (cfg.method.initial.wl, cfg.method.initial.fl) == (8, 4)
+    assert (cfg.sched.patience, dict(cfg.method.lookback)) == (10, {"low": 25, "high": 100, "momentum": 0.33})
+    assert cfg.data.sample is None
 
 
 @pytest.mark.parametrize("method", ["dynasty", "float32", "sbm"])
@@ -39,4 +56,101 @@ def test_dynasty_table1_follows_the_paper_schedule(method):
     assert (cfg.model.name, cfg.data.name, cfg.method.name) == ("resnet18", "cifar100", method)
     assert (cfg.train.batch_size, cfg.train.epochs, cfg.optim.name, cfg.optim.lr) == (128, 200, "sgd", 0.1)
     assert (list(cfg.sched.milestones), cfg.sched.gamma, cfg.sched.warmup_epochs) == ([60, 120, 160], 0.2, 1)
-    assert cfg.hardware.target_acc == 0.74
+    assert cfg.hardware.target_acc == 0.74 and cfg.data.sample is None
+
+
+@pytest.mark.parametrize("experiment", ["fractrain_table1", "fractrain_table3", "fractrain_table5", "fractrain_fig3",
+                                        "fractrain_manual_pfq"])
+def test_fractrain_experiments_follow_the_paper_schedule(experiment):
+    cfg = make_config(f"experiment={experiment}")
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr, cfg.optim.weight_decay) == (160, 128, 0.1, 1e-4)
+    assert (list(cfg.sched.milestones), cfg.sched.gamma, cfg.data.sample) == ([80, 120], 0.1, None)
+    assert (cfg.method.window, cfg.method.scale_epochs) == (5, 10)
+    assert list(cfg.method.manual_epochs) == ([40, 80, 120] if experiment == "fractrain_manual_pfq" else [])
+
+
+def test_muppet_experiments_follow_the_reference_configs():
+    muppet, baseline = make_config("experiment=muppet_cifar"), make_config("experiment=muppet_float32")
+    assert (muppet.train.epochs, muppet.method.resolution, muppet.method.patience) == (150, 3, 2)
+    assert muppet.method.float32_lr.every == 15 and muppet.data.sample is None
+    assert (baseline.train.epochs, list(baseline.sched.milestones)) == (150, [50, 100])
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_mini_shortens_the_schedule_in_proportion(experiment):
+    paper, mini = make_config(f"experiment={experiment}"), make_config(f"experiment={experiment}", "scale=mini")
+    if paper.train.epochs == 12:  # the default length: nothing to shorten (sbm_bw16_*)
+        assert mini.train.epochs == 12
+        return
+    assert mini.train.epochs <= 10
+    if paper.sched.name == "multistep":  # each lr step at the same fraction of training, to within an epoch
+        assert len(mini.sched.milestones) == len(paper.sched.milestones)
+        for short, full in zip(mini.sched.milestones, paper.sched.milestones):
+            assert abs(short / mini.train.epochs - full / paper.train.epochs) <= 1 / mini.train.epochs
+    if paper.sched.name == "plateau":
+        assert mini.sched.patience == round(paper.sched.patience * mini.train.epochs / paper.train.epochs)
+    assert mini.data.sample is not None  # a fixed class-balanced sample of the real data
+    assert (mini.train.batch_size, mini.train.accum_steps, mini.optim.lr) == \
+        (paper.train.batch_size, paper.train.accum_steps, paper.optim.lr)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """One folder per run identity: an experiment that is another's run (a table's file) finds it finished.
+
+    One torch thread: on runs this small a second thread's synchronization costs more than it saves, and on a
+    loaded 2-core machine several times more (measured: 4-7x the time with two).
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tmp_path_factory.mktemp("smoke")
+    torch.set_num_threads(threads)
+
+
+def _run_at_smoke(experiment: str, runs: Path, *overrides: str) -> Path:
+    from qtrain.run import run
+
+    cfg = make_config(f"experiment={experiment}", "scale=smoke", *overrides)
+    if cfg.train.init_from is not None:  # the pre-training experiment's run, by the name its default path gives
+        pretrain = _run_at_smoke(Path(cfg.train.init_from).name, runs)
+        cfg = make_config(f"experiment={experiment}", "scale=smoke", *overrides, f"train.init_from={pretrain}")
+    run_dir = runs / digest(identity(cfg))
+    assert run(cfg, run_dir)["status"] == "completed"
+    return run_dir
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_runs_at_smoke_scale(experiment, smoke_runs):
+    run_dir = _run_at_smoke(experiment, smoke_runs)
+    assert (run_dir / "summary.json").is_file()
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    """(experiment, command line) for every ``qtrain`` command in the experiment files' headers."""
+    found = []
+    for path in sorted((conf_dir() / "experiment").glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            if line.startswith("#   qtrain ") and not line.rstrip().endswith("..."):
+                found.append((path.stem, line[len("#   qtrain "):]))
+    return found
+
+
+@pytest.mark.parametrize("experiment,command", _documented_commands())
+def test_documented_commands_compose(experiment, command, tmp_path):
+    """The command line passes qtrain's checks, and composes without its sweeps (Hydra's first step in a sweep)."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from qtrain.config import check_command_line
+
+    words = [w for w in shlex.split(command.replace("DATA", str(tmp_path)).replace("OUT", str(tmp_path))
+                                    .replace("P/", f"{tmp_path}/").replace("DIR", str(tmp_path)))]
+    multirun = words[0] == "-m"
+    overrides = words[1:] if multirun else words
+    check_command_line(overrides, conf_dir(), multirun)
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()]
+    make_config(*fixed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from qtrain.data.batches import BatchStream, ImageData, ImageSplit
-from qtrain.data.subsets import take_subset
+from qtrain.data.subsets import take_sample, take_subset
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import ConfigError
 
@@ -13,8 +13,8 @@ DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "mnist")
 
 
 def load_data(cfg: DictConfig) -> ImageData:
-    """Load the dataset that ``cfg`` (the ``data`` config group) names, or the half that ``subset`` names."""
-    return take_subset(_load(cfg), cfg.subset)
+    """Load the dataset that ``cfg`` (the ``data`` config group) names, the half that ``subset`` names, its ``sample``."""
+    return take_sample(take_subset(_load(cfg), cfg.subset), cfg.sample)
 
 
 def _load(cfg: DictConfig) -> ImageData:
