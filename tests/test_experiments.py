@@ -9,6 +9,9 @@ from omegaconf import OmegaConf
 from qtrain.cli import conf_dir
 from qtrain.config import FILE_DATASETS, digest, group_options, identity, validate
 from qtrain.methods import build_method
+from qtrain.report.cli import report
+from qtrain.report.paper import compare, paper_tables
+from qtrain.report.runs import find_runs
 
 from .conftest import make_config
 
@@ -125,6 +128,14 @@ def _run_at_smoke(experiment: str, runs: Path, *overrides: str) -> Path:
 def test_every_experiment_runs_at_smoke_scale(experiment, smoke_runs):
     run_dir = _run_at_smoke(experiment, smoke_runs)
     assert (run_dir / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("table", [e for e in EXPERIMENTS if e in paper_tables()])
+def test_every_paper_table_is_reported_from_its_smoke_run(table, smoke_runs):
+    _run_at_smoke(table, smoke_runs)  # the table's own run (reported, not rerun, when the test above made it)
+    comparison, _ = compare(find_runs([smoke_runs]), table)
+    assert len(comparison) and comparison.ours.notna().any()  # the paper's cells beside figures of ours
+    assert f"Table {table.rpartition('table')[2]}: paper and ours" in report([str(smoke_runs), "--paper", table])
 
 
 def _documented_commands() -> list[tuple[str, str]]:

@@ -3,7 +3,8 @@
 Each CSV cell names the qtrain run that reproduces it (method, model, data and the overrides in
 ``setting``) and which figure it is (``metric``; the vocabulary is ``results/paper/README.md``'s). A cell
 is matched by every run of that method, model and data whose config holds each override of its
-setting, ``train.epochs`` excepted (a ``mini`` or ``smoke`` scale shortens training); the seeds' mean
+setting, ``train.epochs`` excepted (a ``mini`` or ``smoke`` scale shortens training; ``smoke``'s synthetic data
+names the dataset it stands in for in ``data.stand_in_for``); the seeds' mean
 and standard deviation are shown beside the paper's figure, with the difference ours − paper.
 
 Figures relative to a baseline (``acc_drop``, the ``*_vs_sbm`` ones) use the table's own baseline cell:
@@ -88,7 +89,8 @@ def matching(runs: list[Run], cell: pd.Series) -> list[Run]:
     if not cell.method:
         return []
     setting = [(k, v) for k, v in _parse_setting(cell.setting) if k not in UNMATCHED]
-    return [run for run in runs if (run.method, run.model, run.data) == (cell.method, cell.model, cell.data)
+    return [run for run in runs
+            if (run.method, run.model, run.get("data.stand_in_for") or run.data) == (cell.method, cell.model, cell.data)
             and run.status != "failed" and all(_same(_config_value(run, k), v) for k, v in setting)]
 
 
