@@ -48,10 +48,10 @@ from omegaconf import DictConfig, OmegaConf
 from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, gemm_layers, operand_sizes, to_target
-from qtrain.data import DATASETS, BatchStream, load_data
+from qtrain.data import DATASETS, load_data
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
-from qtrain.models import MODELS, build_model, check_model_config
+from qtrain.models import MODELS, build_model, check_model_config, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_warmup
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
@@ -152,6 +152,12 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
         if name not in known:
             raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(sorted(known))})")
     check_model_config(cfg.model)
+    task, needs = DATASETS[cfg.data.name], model_task(cfg.model.name)
+    if task != needs:
+        fits = sorted(name for name, t in DATASETS.items() if t == needs)
+        raise ConfigError(f"model={cfg.model.name} is not allowed with data={cfg.data.name}: {cfg.data.name} is a "
+                          f"{task.name.replace('_', ' ')} dataset and {cfg.model.name} a {needs.name.replace('_', ' ')} "
+                          f"model (its datasets: {', '.join(fits)})")
     device = distributed.check_launch(_device(cfg.device))
     method = build_method(cfg.method)
     initial = None if cfg.train.init_from is None else initial_weights(cfg.train.init_from)
@@ -177,6 +183,7 @@ def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> st
 
 def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Method, status: str, device: torch.device,
               diverged: Diverged | None = None) -> dict[str, Any]:
+    task = DATASETS[cfg.data.name]
     last = progress.history[-1] if progress.history else {}
     report = method.report(progress.epoch)
     f32 = meter.float32_total()
@@ -185,8 +192,11 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "status": status,
         "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
         "epochs_completed": progress.epoch, "steps": progress.step,
-        "final": {k: last.get(k) for k in ("train_loss", "train_acc", "test_loss", "test_acc")},
+        "task": task.name,
+        "final": {f"{split}_{figure}": last.get(f"{split}_{figure}") for split in ("train", "test") for figure in task.figures},
         "best_test_acc": max((row["test_acc"] for row in progress.history), default=None),
+        **({f"best_{task.score}": task.best([row[task.score] for row in progress.history])}
+           if task.score != "test_acc" else {}),
         "cost": {
             "effective_macs": meter.total(),
             "bit_macs": meter.total() * 1024,
@@ -309,35 +319,32 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     set_fused(cfg.fused)
     device, method = plan.device, plan.method
     data = load_data(cfg.data)
-    train_split, test_split = data.train.to(device), data.test.to(device)
-    channels, height, width = data.image_shape
-    model = build_model(cfg.model.name, channels, data.num_classes, (height, width), cfg.model).to(device)
+    inputs = data.model_inputs()
+    model = build_model(cfg.model.name, cfg.model, **inputs).to(device)
     if plan.initial is not None:
         ours = model.state_dict()
         if plan.initial.keys() != ours.keys() or any(plan.initial[k].shape != ours[k].shape for k in ours):
+            sizes = ", ".join(f"{key} {value}" for key, value in inputs.items())
             raise ConfigError(f"train.init_from={cfg.train.init_from} is not allowed: its weights do not fit this model "
-                              f"({cfg.model.name}, {data.num_classes} classes; pre-train a float32 run of the same model "
-                              "with the same number of classes)")
+                              f"({cfg.model.name}, {sizes}; pre-train a float32 run of the same model on data of the "
+                              "same sizes)")
         model.load_state_dict(plan.initial)
     model = method.prepare(model).to(device)  # what prepare added (quantizer buffers, gates) joins the model's device
-    sample = train_split.images[:2].float()
+    sample = data.example(2, device)
     meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     rank, world = distributed.rank(), distributed.world_size()
-    augment = cfg.data.augment
-    train_batches = BatchStream(data, train_split, cfg.train.batch_size, cfg.seed, True, augment.crop_padding,
-                                augment.flip, rank, world)
+    train_batches, test_batches = data.streams(cfg, device, rank, world)
     if train_batches.smallest_part() < 1:
         last = train_batches.global_size(len(train_batches) - 1)
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed on {world} processes: the "
-                          f"{len(train_split)} training samples leave a batch of {last}, fewer than one sample per "
+                          f"{train_batches.samples} training samples leave a batch of {last}, fewer than one sample per "
                           f"process (choose one whose last batch holds at least {world} samples)")
-    method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, len(train_split.labels),
+    method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, train_batches.samples,
                                       -(-cfg.train.batch_size // world)))
     trainer = Trainer(
-        model, method, optimizer, scheduler, meter, train_batches,
-        BatchStream(data, test_split, cfg.train.eval_batch_size, cfg.seed, False, rank=rank, world=world),
+        model, method, optimizer, scheduler, meter, train_batches, test_batches, data.task,
         cfg.train.epochs, cfg.train.accum_steps, cfg.progress and distributed.is_writer(),
     )
     trainer.warmup = build_warmup(cfg.sched, optimizer, -(-len(trainer.train_batches) // cfg.train.accum_steps))
@@ -382,9 +389,10 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
             **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
         })
         row = progress.history[-1]
-        log.info("epoch %d/%d  train loss %.4f  acc %.4f | test loss %.4f  acc %.4f | cost %.2f%% of float32 | %.1fs",
-                 row["epoch"], cfg.train.epochs, row["train_loss"], row["train_acc"], row["test_loss"],
-                 row["test_acc"], row["percent_of_float32"], row["epoch_seconds"])
+        score = "ppl" if data.task.score == "test_ppl" else "acc"
+        log.info("epoch %d/%d  train loss %.4f  %s %.4f | test loss %.4f  %s %.4f | cost %.2f%% of float32 | %.1fs",
+                 row["epoch"], cfg.train.epochs, row["train_loss"], score, row[f"train_{score}"], row["test_loss"],
+                 score, row[f"test_{score}"], row["percent_of_float32"], row["epoch_seconds"])
 
     try:
         trainer.fit(end_epoch)

@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from qtrain import distributed
 from qtrain.cost import CostMeter
-from qtrain.data import BatchStream
+from qtrain.data import Stream
 from qtrain.errors import DivergedError
 from qtrain.methods import Method, StepInfo
 from qtrain.precision import EpochPrecision
+from qtrain.task import Task
 
 
 @dataclass
@@ -58,8 +58,9 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: object
     meter: CostMeter
-    train_batches: BatchStream
-    test_batches: BatchStream
+    train_batches: Stream
+    test_batches: Stream
+    task: Task
     epochs: int
     accum_steps: int = 1
     show_progress: bool = True
@@ -114,8 +115,7 @@ class Trainer:
         self.model.train()
         batches = self.train_batches
         n = len(batches)
-        loss_sum, seen = 0.0, 0
-        correct = torch.zeros((), dtype=torch.long, device=batches.split.labels.device)
+        loss_sum, positions, correct = 0.0, 0, 0
         bar = self._bar(iterable=batches.epoch(epoch), total=n, desc=f"epoch {epoch + 1}/{self.epochs}", leave=False,
                         position=1)
         self.optimizer.zero_grad(set_to_none=True)
@@ -126,7 +126,7 @@ class Trainer:
             step_ends = (i + 1) % self.accum_steps == 0 or i + 1 == n
             with distributed.gradient_sync(self.model, step_ends):
                 logits = self.model(x)
-                loss = F.cross_entropy(logits, y)
+                loss = self.task.loss(logits, y)
                 total = self.method.loss(loss, info)
                 value = total.item()
                 task = value if total is loss else loss.item()
@@ -148,24 +148,25 @@ class Trainer:
                 if self.warmup is not None and self.progress.step <= self.warmup.total_iters:
                     self.warmup.step()
                 self.method.after_step(info)
-            loss_sum += task * samples
-            correct += (logits.argmax(1) == y).sum()  # stays on the device until the epoch ends
-            seen += samples
+            counted = samples * y[0].numel()  # positions over all ranks: every sample of a batch has as many
+            loss_sum += task * counted
+            correct = correct + self.task.hits(logits, y)  # stays on the device until the epoch ends
+            positions += counted
             bar.set_postfix(loss=f"{value:.3f}", refresh=False)
         self.epoch_precision = EpochPrecision.merged(distributed.all_gather(self.epoch_precision))
-        return {"train_loss": loss_sum / seen, "train_acc": distributed.sum_(correct).item() / seen}
+        return self.task.metrics("train", loss_sum / positions, distributed.sum_(correct).item() / positions)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         model = distributed.unwrap(self.model)
         model.eval()
-        loss_sum, correct, seen = 0.0, 0, 0
+        loss_sum, correct, positions = 0.0, 0, 0
         for x, y in self.test_batches.epoch(0):
             if not len(y):  # a rank's slice of a short last batch
                 continue
             logits = model(x)
-            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-            correct += (logits.argmax(1) == y).sum().item()
-            seen += len(y)
-        loss_sum, correct, seen = distributed.sum_floats([loss_sum, correct, seen])
-        return {"test_loss": loss_sum / seen, "test_acc": correct / seen}
+            loss_sum += self.task.loss(logits, y, reduction="sum").item()
+            correct += self.task.hits(logits, y).item()
+            positions += y.numel()
+        loss_sum, correct, positions = distributed.sum_floats([loss_sum, correct, positions])
+        return self.task.metrics("test", loss_sum / positions, correct / positions)

@@ -100,7 +100,7 @@ def one_method(name: str, steps: int, batch: int) -> dict:
         _draw_trained_shares()
     torch.manual_seed(0)
     method = build_method(cfg.method)
-    model = method.prepare(build_model("resnet20", 3, 10, (32, 32)))
+    model = method.prepare(build_model("resnet20", in_channels=3, num_classes=10, input_size=(32, 32)))
     sample = torch.zeros(2, 3, 32, 32)
     meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))  # hardware models too, as a run
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)

@@ -47,7 +47,7 @@ def prepared(method: str, *overrides: str, model: str = "resnet20", size: int = 
     from qtrain.models import build_model
 
     built = build_method(make_config(f"method={method}", *overrides).method)
-    return built, built.prepare(build_model(model, 3, 10, (size, size)))
+    return built, built.prepare(build_model(model, in_channels=3, num_classes=10, input_size=(size, size)))
 
 
 def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ OPTIONS = "method.options=[[0,0],[2,6],[4,12]]"
 
 def _prepared(*overrides, model="resnet20", size=8):
     dfq = build_method(make_config("method=dfq", f"model={model}", *overrides).method)
-    net = dfq.prepare(build_model(model, 3, 10, (size, size)))
+    net = dfq.prepare(build_model(model, in_channels=3, num_classes=10, input_size=(size, size)))
     meter = CostMeter(dfq.profile(net, torch.zeros(2, 3, size, size)))
     return dfq, net, meter
 
@@ -327,7 +327,7 @@ def test_mobilenetv2_depthwise_convs_hold_their_activation_and_gradient_bits():
         for _, bits in dfq.precision()[name].options:
             assert (bits.weight, bits.act, bits.grad, bits.grad_weight) == (4, 8, 16, 16)
     sbm = build_method(make_config("method=sbm").method)
-    model = sbm.prepare(build_model("mobilenetv2", 3, 10, (8, 8)))
+    model = sbm.prepare(build_model("mobilenetv2", in_channels=3, num_classes=10, input_size=(8, 8)))
     assert model.blocks[3].conv2.quant.grad.bits == 16 and model.blocks[3].conv1.quant.grad.bits == 8
 
 

@@ -139,11 +139,11 @@ def test_pfq_trains_each_stage_at_its_bits_and_charges_them(tmp_path):
 def test_pfq_resumes_at_its_stage_and_bits():
     cfg = make_config("method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]").method
     method = build_method(cfg)
-    method.prepare(build_model("resnet20", 3, 10, (8, 8)))
+    method.prepare(build_model("resnet20", in_channels=3, num_classes=10, input_size=(8, 8)))
     for epoch in range(2):
         method.end_epoch(epoch, {"train_loss": 1.0})
     resumed = build_method(cfg)
-    model = resumed.prepare(build_model("resnet20", 3, 10, (8, 8)))
+    model = resumed.prepare(build_model("resnet20", in_channels=3, num_classes=10, input_size=(8, 8)))
     resumed.load_state_dict(method.state_dict())
     q = model.layer2[1].conv2.quant
     assert (q.weight.bits, q.act.bits, q.grad.bits) == (6, 6, 12)
@@ -152,6 +152,6 @@ def test_pfq_resumes_at_its_stage_and_bits():
 
 def test_pfq_follows_the_reference_code_stem_quantized_classifier_float32_global_range():
     method = build_method(make_config("method=pfq").method)
-    model = method.prepare(build_model("resnet20", 3, 10, (8, 8)))
+    model = method.prepare(build_model("resnet20", in_channels=3, num_classes=10, input_size=(8, 8)))
     assert type(model.fc) is nn.Linear and "fc" not in method.precision()
     assert model.conv1.quant.act.granularity == "tensor" and model.conv1.quant.act.momentum == 0.9

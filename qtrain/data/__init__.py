@@ -1,23 +1,29 @@
-"""Dataset registry: a name in the config loads the data (DESIGN.md, "Data")."""
+"""Dataset registry: a name in the config loads the data and fixes the task (DESIGN.md, "Data")."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from qtrain.data.base import Data, Stream
 from qtrain.data.batches import BatchStream, ImageData, ImageSplit
 from qtrain.data.subsets import take_sample, take_subset
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import ConfigError
+from qtrain.task import CLASSIFICATION, Task
 
-DATASETS = ("digits", "synthetic", "cifar10", "cifar100", "mnist")
+# Every dataset's task, known before anything is loaded (a model is checked against it in the preflight).
+DATASETS: dict[str, Task] = {
+    "digits": CLASSIFICATION, "synthetic": CLASSIFICATION, "cifar10": CLASSIFICATION, "cifar100": CLASSIFICATION,
+    "mnist": CLASSIFICATION,
+}
 
 
-def load_data(cfg: DictConfig) -> ImageData:
+def load_data(cfg: DictConfig) -> Data:
     """Load the dataset that ``cfg`` (the ``data`` config group) names, the half that ``subset`` names, its ``sample``."""
     return take_sample(take_subset(_load(cfg), cfg.subset), cfg.sample)
 
 
-def _load(cfg: DictConfig) -> ImageData:
+def _load(cfg: DictConfig) -> Data:
     name = cfg.name
     if name == "digits":
         return load_digits_data()
@@ -30,4 +36,4 @@ def _load(cfg: DictConfig) -> ImageData:
     raise ConfigError(f"unknown dataset {name!r} (choose from: {', '.join(DATASETS)})")
 
 
-__all__ = ["BatchStream", "ImageData", "ImageSplit", "DATASETS", "load_data"]
+__all__ = ["BatchStream", "Data", "ImageData", "ImageSplit", "DATASETS", "Stream", "load_data"]

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from torch.nn import functional as F
+
+from qtrain.task import CLASSIFICATION, Task
 
 
 @dataclass
@@ -45,10 +49,26 @@ class ImageData:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     pixel_max: float = 255.0
+    task: Task = CLASSIFICATION
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.train.images.shape[1:])
+
+    def model_inputs(self) -> dict[str, Any]:
+        channels, height, width = self.image_shape
+        return {"in_channels": channels, "num_classes": self.num_classes, "input_size": (height, width)}
+
+    def streams(self, cfg: DictConfig, device: torch.device, rank: int, world: int) -> tuple[BatchStream, BatchStream]:
+        """Shuffled, augmented (``data.augment``) training batches and in-order test batches, resident on ``device``."""
+        train, test = self.train.to(device), self.test.to(device)
+        augment = cfg.data.augment
+        return (BatchStream(self, train, cfg.train.batch_size, cfg.seed, True, augment.crop_padding, augment.flip,
+                            rank, world),
+                BatchStream(self, test, cfg.train.eval_batch_size, cfg.seed, False, rank=rank, world=world))
+
+    def example(self, n: int, device: torch.device) -> torch.Tensor:
+        return self.train.images[:n].to(device, torch.float32)
 
 
 def channel_stats(images: torch.Tensor, pixel_max: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -82,6 +102,10 @@ class BatchStream:
 
     def __len__(self) -> int:
         return -(-len(self.split) // self.batch_size)
+
+    @property
+    def samples(self) -> int:
+        return len(self.split)
 
     def global_size(self, i: int) -> int:
         """How many samples batch ``i`` holds over all ranks."""

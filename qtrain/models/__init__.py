@@ -1,4 +1,4 @@
-"""Model registry (timm's style): a name in the config builds the model."""
+"""Model registry (timm's style): a name in the config builds the model for the data's sizes and task."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from qtrain.models.alexnet import AlexNetCIFAR
 from qtrain.models.mobilenetv2 import MobileNetV2CIFAR
 from qtrain.models.resnet import ResNet18
 from qtrain.models.resnet_cifar import ResNetCIFAR
+from qtrain.task import CLASSIFICATION, Task
 
 MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
     "resnet20": (ResNetCIFAR, partial(ResNetCIFAR, 20)),
@@ -24,23 +25,30 @@ MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
 }
 
 
-def build_model(name: str, in_channels: int, num_classes: int, input_size: tuple[int, int],
-                config: Mapping[str, Any] | None = None) -> nn.Module:
-    """Build model ``name`` for ``in_channels`` x ``input_size`` images of ``num_classes`` classes.
+def model_task(name: str) -> Task:
+    """The task model ``name`` is built for (a class says so with a ``task`` attribute; classification otherwise)."""
+    return getattr(MODELS[name][0], "task", CLASSIFICATION)
+
+
+def build_model(name: str, config: Mapping[str, Any] | None = None, **inputs: Any) -> nn.Module:
+    """Build model ``name`` for the data's sizes: ``in_channels``, ``num_classes`` and ``input_size`` (h, w) of
+    images, or a language model's ``vocab_size``.
 
     A model class that lists ``options`` takes those keys from its model ``config`` (ResNet-18's ``stem``).
     """
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r} (choose from: {', '.join(sorted(MODELS))})")
     cls, make = MODELS[name]
-    h, w = input_size
-    if h != w:
-        raise ConfigError(f"model {name} takes square inputs, got {h}x{w}")
-    if h < cls.min_input_size:
-        raise ConfigError(f"input {in_channels}x{h}x{w} is too small for model {name}: it needs at least "
-                          f"{cls.min_input_size}x{cls.min_input_size}")
+    if "input_size" in inputs:
+        h, w = inputs["input_size"]
+        if h != w:
+            raise ConfigError(f"model {name} takes square inputs, got {h}x{w}")
+        if h < cls.min_input_size:
+            raise ConfigError(f"input {inputs['in_channels']}x{h}x{w} is too small for model {name}: it needs at least "
+                              f"{cls.min_input_size}x{cls.min_input_size}")
+        inputs = {**inputs, "input_size": h}
     options = {key: (config or {})[key] for key in getattr(cls, "options", ()) if key in (config or {})}
-    return make(in_channels=in_channels, num_classes=num_classes, input_size=h, **options)
+    return make(**inputs, **options)
 
 
 def check_model_config(config: Mapping[str, Any]) -> None:
