@@ -21,7 +21,8 @@ def test_resnet_family_is_6n_plus_2(name, blocks):
 
 def test_resnet20_has_the_known_parameter_count():
     # He et al. report 0.27M for ResNet-20; 1x1-conv shortcuts add 2 x (conv + bn) = 2,784
-    assert sum(p.numel() for p in build_model("resnet20", in_channels=3, num_classes=10, input_size=(32, 32)).parameters()) == 272_474
+    model = build_model("resnet20", in_channels=3, num_classes=10, input_size=(32, 32))
+    assert sum(p.numel() for p in model.parameters()) == 272_474
 
 
 @pytest.mark.parametrize("channels,size", [(1, 8), (3, 32), (1, 28), (3, 5)])
