@@ -330,12 +330,12 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
                               "same sizes)")
         model.load_state_dict(plan.initial)
     model = method.prepare(model).to(device)  # what prepare added (quantizer buffers, gates) joins the model's device
-    sample = data.example(2, device)
+    rank, world = distributed.rank(), distributed.world_size()
+    train_batches, test_batches = data.streams(cfg, device, rank, world)
+    sample = train_batches.example(2)
     meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
-    rank, world = distributed.rank(), distributed.world_size()
-    train_batches, test_batches = data.streams(cfg, device, rank, world)
     if train_batches.smallest_part() < 1:
         last = train_batches.global_size(len(train_batches) - 1)
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed on {world} processes: the "

@@ -17,6 +17,11 @@ from omegaconf import DictConfig
 from qtrain.task import Task
 
 
+def rank_slice(size: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s contiguous part of a global batch of ``size`` samples (sizes differ by at most one)."""
+    return slice(rank * size // world, (rank + 1) * size // world)
+
+
 class Stream(Protocol):
     """The batches of one split. ``epoch(e)`` yields ``(inputs, targets)`` on the training device."""
 
@@ -36,6 +41,9 @@ class Stream(Protocol):
     def samples(self) -> int:
         """Samples per epoch over all ranks."""
 
+    def example(self, n: int) -> torch.Tensor:
+        """A batch of ``n`` model inputs on the training device (profiling the model's MACs and operand sizes)."""
+
 
 class Data(Protocol):
     name: str
@@ -46,6 +54,3 @@ class Data(Protocol):
 
     def streams(self, cfg: DictConfig, device: torch.device, rank: int, world: int) -> tuple[Stream, Stream]:
         """The training and evaluation streams of the run ``cfg`` (its ``train``, ``data`` and ``model`` keys)."""
-
-    def example(self, n: int, device: torch.device) -> torch.Tensor:
-        """A batch of ``n`` model inputs (profiling the model's MACs and operand sizes)."""

@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
+from qtrain.data.base import rank_slice
 from qtrain.task import CLASSIFICATION, Task
 
 
@@ -67,9 +68,6 @@ class ImageData:
                             rank, world),
                 BatchStream(self, test, cfg.train.eval_batch_size, cfg.seed, False, rank=rank, world=world))
 
-    def example(self, n: int, device: torch.device) -> torch.Tensor:
-        return self.train.images[:n].to(device, torch.float32)
-
 
 def channel_stats(images: torch.Tensor, pixel_max: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation of uint8 images scaled to [0, 1]."""
@@ -107,6 +105,9 @@ class BatchStream:
     def samples(self) -> int:
         return len(self.split)
 
+    def example(self, n: int) -> torch.Tensor:
+        return self.split.images[:n].float()  # profiling reads shapes only: no normalization needed
+
     def global_size(self, i: int) -> int:
         """How many samples batch ``i`` holds over all ranks."""
         return min(self.batch_size, len(self.split) - i * self.batch_size)
@@ -115,17 +116,13 @@ class BatchStream:
         """The fewest samples a rank gets from any batch (the last batch may be short)."""
         return self.global_size(len(self) - 1) // self.world
 
-    def _part(self, size: int) -> slice:
-        """This rank's slice of a batch of ``size`` samples."""
-        return slice(self.rank * size // self.world, (self.rank + 1) * size // self.world)
-
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n, device = len(self.split), self.split.images.device
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(n, generator=gen).to(device) if self.train else torch.arange(n, device=device)
         for start in range(0, n, self.batch_size):
             batch = order[start:start + self.batch_size]
-            part = self._part(len(batch))  # the random draws below cover the whole batch, as on one process
+            part = rank_slice(len(batch), self.rank, self.world)  # the random draws below cover the whole batch
             idx = batch[part]
             x = self.split.images[idx].to(torch.float32)
             if self.crop_padding:
