@@ -226,6 +226,24 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
             raise ConfigError(f"{text} is not allowed: qtrain reads every key of its config (set {key} instead)")
         for cfg in configs:
             _check_key(cfg, override)
+    settings = [o.input_line for o in keys if not o.is_sweep_override()]
+    for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED):
+        _resolve(_compose(conf_dir, [*combo, *settings]))
+
+
+def _resolve(cfg: DictConfig) -> None:
+    """Resolve every interpolation of ``cfg``: a value a resolver refuses (``model.preset``) is a one-line error."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except InterpolationResolutionError as err:
+        cause = err.__cause__ or err.__context__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise ConfigError(str(cause)) from None
 
 
 # ---- checks of a composed config ----
@@ -393,6 +411,16 @@ def first_difference(old: Any, new: Any, prefix: str = "") -> str:
     if old == new or (isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)):
         return ""
     return f"{prefix[:-1]} {old!r} → {new!r}"
+
+
+def transformer_preset(preset: str, key: str) -> Any:
+    """A Transformer preset's size: the resolver ``qtrain.transformer`` of ``conf/model/transformer.yaml``."""
+    from qtrain.models.transformer import preset_value
+
+    return preset_value(preset, key)
+
+
+OmegaConf.register_new_resolver("qtrain.transformer", transformer_preset, replace=True)
 
 
 def run_dir_name(override_dirname: str, *, _root_: DictConfig) -> str:

@@ -155,9 +155,9 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
     task, needs = DATASETS[cfg.data.name], model_task(cfg.model.name)
     if task != needs:
         fits = sorted(name for name, t in DATASETS.items() if t == needs)
-        raise ConfigError(f"model={cfg.model.name} is not allowed with data={cfg.data.name}: {cfg.data.name} is a "
-                          f"{task.name.replace('_', ' ')} dataset and {cfg.model.name} a {needs.name.replace('_', ' ')} "
-                          f"model (its datasets: {', '.join(fits)})")
+        raise ConfigError(f"model={cfg.model.name} is not allowed with data={cfg.data.name}: the data is for "
+                          f"{task.name.replace('_', ' ')} and the model for {needs.name.replace('_', ' ')} "
+                          f"(its datasets: {', '.join(fits)})")
     device = distributed.check_launch(_device(cfg.device))
     method = build_method(cfg.method)
     initial = None if cfg.train.init_from is None else initial_weights(cfg.train.init_from)

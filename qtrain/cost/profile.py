@@ -2,10 +2,13 @@
 
 MACs are counted analytically from the shapes a forward hook sees: a convolution does
 ``C_in/groups * k_h * k_w`` MACs per output element, a linear layer ``in_features``, an LSTM cell
-(DFQ's gates) ``4 * (input_size + hidden_size)`` per hidden unit. A layer called several times in one
-forward (a gate cell shared across blocks) is counted at every call. This counts the forward GEMM;
-the two backward GEMMs have the same count. :func:`operand_sizes` counts the elements of each
-layer's weight, input and output from the same forward (what the hardware models move through memory).
+(DFQ's gates) ``4 * (input_size + hidden_size)`` per hidden unit, a :class:`~qtrain.quant.layers.MatMul`
+``a @ b`` the shared dimension ``a.shape[-1]``. A Transformer's QK^T and attention x V so cost
+``T^2 * d_model`` each per sequence of ``T`` tokens: causal masking comes after the GEMM, which
+computes every score. A layer called several times in one forward (a gate cell shared across blocks)
+is counted at every call. This counts the forward GEMM; the two backward GEMMs have the same count.
+:func:`operand_sizes` counts the elements of each layer's weight, input and output from the same
+forward (what the hardware models move through memory).
 """
 
 from __future__ import annotations
@@ -16,15 +19,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-GEMM_LAYERS = (nn.Conv2d, nn.Linear, nn.LSTMCell)
+from qtrain.quant.layers import MatMul
+
+GEMM_LAYERS = (nn.Conv2d, nn.Linear, nn.LSTMCell, MatMul)
 
 
 def gemm_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """The Conv2d, Linear and LSTMCell layers of ``model`` (quantized or not), by name, in model order."""
+    """The Conv2d, Linear, LSTMCell and MatMul layers of ``model`` (quantized or not), by name, in model order."""
     return {name: m for name, m in model.named_modules() if isinstance(m, GEMM_LAYERS)}
 
 
-def _macs_per_output(layer: nn.Module) -> int:
+def _macs_per_output(layer: nn.Module, inputs: tuple) -> int:
+    if isinstance(layer, MatMul):
+        return inputs[0].shape[-1]
     if isinstance(layer, nn.Conv2d):
         kh, kw = layer.kernel_size
         return layer.in_channels // layer.groups * kh * kw
@@ -35,7 +42,9 @@ def _macs_per_output(layer: nn.Module) -> int:
 
 @dataclass(frozen=True)
 class OperandSizes:
-    """Elements of a layer's GEMM operands: the weight (per call), the input and the output (per sample)."""
+    """Elements of a layer's GEMM operands: the weight (per call), the input and the output (per sample).
+
+    A MatMul has no weight: both its operands count as its input."""
 
     weight: int
     inputs: int
@@ -71,7 +80,7 @@ def _per_call(model: nn.Module, sample: torch.Tensor, observe: Observe) -> dict[
 
 def profile_macs(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
     """MACs per sample of each layer of :func:`gemm_layers` in one forward of ``sample`` (a batch) in eval mode."""
-    sums = _per_call(model, sample, lambda layer, _inputs, out: {"macs": out.numel() * _macs_per_output(layer)})
+    sums = _per_call(model, sample, lambda layer, inputs, out: {"macs": out.numel() * _macs_per_output(layer, inputs)})
     return {name: found.get("macs", 0) // sample.shape[0] for name, found in sums.items()}
 
 

@@ -51,6 +51,9 @@ Where the default departs from the paper or the reference code (lorenz0890/AdaPT
   batch-norm parameters stay float32 (the reference quantizes them at the preceding layer's format)
   and keep the model's initialization (the reference draws biases from U(-0.5, 0.5)); weights are
   quantized at every forward, the reference once per optimizer step.
+- A Transformer's attention products QK^T and attention x V (two activations, no weight) stay
+  float32 and are charged so: a layer's format follows from its weights (Sec. 3.2), and these have
+  none (the paper trains CNNs only).
 - Gradient normalization, L1 and the penalty cover the Conv2d/Linear weights (the reference: every
   parameter, batch-norm ones included). L2 is the loss's β/2 ||W||² (the reference adds it as weight
   decay to the normalized gradient): the experiment configs set ``optim.weight_decay=0``.

@@ -28,6 +28,11 @@ and so are the shares the cost meter charges.
 
 Where this departs from the paper or fills a gap it leaves:
 
+- A Transformer's attention products QK^T and attention x V (two activations, no weight) stay
+  float32 and are charged so: the paper maps the weight in the forward and error GEMMs, and these
+  have none (it trains CNNs only). Their Linear layers are mapped like any other, tokens taking the
+  place of spatial positions.
+
 - Rounding modes are not in the paper: weights and activations round to nearest (half to even),
   gradients stochastically (``*_rounding``).
 - Smoothing starts with the first map computed from sensitivities: the first epoch's 4 bits are a

@@ -20,6 +20,11 @@ length and resets the maximum and the count. In the float32 stage the learning r
 reference: 0.1 every 15); before it, the run's schedule applies (the reference holds the rate
 constant: use ``sched=constant``).
 
+A Transformer's attention products QK^T and attention x V (:class:`~qtrain.quant.layers.MatMul`, two
+activations) run at the same word length: both operands and the gradient on dynamic fixed point, each
+with its own scale (the MuPPET paper trains CNNs only). They have no weights, so they take no part in
+the gradient diversity or the weight densities of the performance model.
+
 metrics.csv gets each epoch's word length, the window's diversity (NaN between checks), the running
 maximum, the ratio p, the threshold T(e), the violation count and whether the epoch switched.
 summary.json gets AdaPT's performance model (Sec. 4.1.2) for the run (``performance_model``), as the
@@ -58,7 +63,7 @@ from qtrain.methods.base import RunFacts, StepInfo, check_bits, check_choice, ch
 from qtrain.methods.diversity import DiversityWindow
 from qtrain.methods.priced import PricedByPerformanceModel
 from qtrain.precision import LayerPrecision, PrecisionRecord, weight_density
-from qtrain.quant.layers import OperandQuantizers, swap_layers
+from qtrain.quant.layers import MatMul, OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import DensityTracked, DynamicFixedPoint
 
 GRADS = ("quantized", "float32")
@@ -119,7 +124,8 @@ class MuPPET(PricedByPerformanceModel):
         self.stage = 0
         self.float32_epochs = 0
         self.model: nn.Module | None = None
-        self.layers: dict[str, nn.Module] = {}
+        self.layers: dict[str, nn.Module] = {}  # the Conv2d/Linear layers
+        self.matmuls: dict[str, nn.Module] = {}
         self.windows: dict[str, DiversityWindow] = {}
         self.last_grads: dict[str, torch.Tensor] = {}
         self.optimizer: torch.optim.Optimizer | None = None
@@ -129,18 +135,21 @@ class MuPPET(PricedByPerformanceModel):
     def word_length(self) -> int:
         return self.cfg.schedule[self.stage]
 
-    def _quantizers(self) -> OperandQuantizers:
+    def _quantizers(self, weighted: bool) -> OperandQuantizers:
+        """The current word length's quantizers; a MatMul's second operand (``weighted`` False) is an activation."""
         wl = self.word_length
         if wl == 32:
             return OperandQuantizers()
         grad = DynamicFixedPoint(wl) if self.cfg.grad == "quantized" else None
-        return OperandQuantizers(weight=DensityTracked(DynamicFixedPoint(wl)), act=DynamicFixedPoint(wl), grad=grad)
+        weight = DensityTracked(DynamicFixedPoint(wl)) if weighted else DynamicFixedPoint(wl)
+        return OperandQuantizers(weight=weight, act=DynamicFixedPoint(wl), grad=grad)
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        names = swap_layers(model, lambda name, layer: OperandQuantizers())
+        names = swap_layers(model, lambda name, layer: OperandQuantizers(), matmuls=True)
         self.model = model
-        self.layers = {name: model.get_submodule(name) for name in names}
-        self.windows = {name: DiversityWindow() for name in names}
+        self.matmuls = {name: model.get_submodule(name) for name in names if isinstance(model.get_submodule(name), MatMul)}
+        self.layers = {name: model.get_submodule(name) for name in names if name not in self.matmuls}
+        self.windows = {name: DiversityWindow() for name in self.layers}
         self._apply_stage()
         return model
 
@@ -149,10 +158,11 @@ class MuPPET(PricedByPerformanceModel):
         self.optimizer = optimizer
 
     def _apply_stage(self) -> None:
-        for layer in self.layers.values():
-            layer.quant = self._quantizers().to(layer.weight.device)
+        device = next(self.model.parameters()).device
+        for name, layer in (*self.layers.items(), *self.matmuls.items()):
+            layer.quant = self._quantizers(weighted=name in self.layers).to(device)
         self._record = {name: LayerPrecision.uniform(layer.quant.bits(), DynamicFixedPoint.fmt)
-                        for name, layer in self.layers.items() if self.word_length != 32}
+                        for name, layer in (*self.layers.items(), *self.matmuls.items()) if self.word_length != 32}
 
     def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
         if self.model.training:

@@ -12,6 +12,9 @@ baseline (10.42 %, experiment ``sbm_bw16_both_paths``). Depthwise convolutions a
 ``depthwise_bits`` (FracTrain Sec. 4.2 keeps MobileNetV2's at FW-8/BW-16 in every experiment). The
 first and last Conv2d/Linear are quantized unless ``first_layer``/``last_layer`` say ``float32``.
 Batch norm stays float32. Range BatchNorm is not implemented (off in FracTrain's baselines too).
+A Transformer's attention products QK^T and attention x V (:class:`~qtrain.quant.layers.MatMul`) are
+quantized too, both operands like activations at the FW bits (the weight's bits for the second) and
+``grad_output`` like any gradient: FracTrain quantizes "all the GEMMs" and names no exception.
 
 The same quantizers serve PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use
 when (:func:`range_linear_quantizers`, :func:`check_range_linear`).
@@ -25,7 +28,7 @@ from torch import nn
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, check_bits
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
-from qtrain.quant.layers import OperandQuantizers, swap_layers
+from qtrain.quant.layers import MatMul, OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
 
 LAYER_PRECISIONS = ("quantized", "float32")
@@ -66,11 +69,17 @@ def fw_bw(fw: int, bw: int) -> Bits:
     return Bits(fw, fw, bw, bw)
 
 
-def range_linear_quantizers(bits: Bits, cfg: DictConfig) -> OperandQuantizers:
-    """SBM's quantizers at ``bits``; a separate weight-gradient quantizer only where its bits differ."""
+def range_linear_quantizers(bits: Bits, cfg: DictConfig, layer: nn.Module | None = None) -> OperandQuantizers:
+    """SBM's quantizers at ``bits``; a separate weight-gradient quantizer only where its bits differ.
+
+    A :class:`~qtrain.quant.layers.MatMul`'s second operand, in the weight's place, is an activation:
+    it is quantized like one (the batch's range, a running range for evaluation) at the weight bits.
+    """
     bifurcated = bits.grad_weight != bits.grad
+    second_is_activation = isinstance(layer, MatMul)
     return OperandQuantizers(
-        weight=RangeLinear(int(bits.weight), "channel", "nearest"),
+        weight=(RangeLinear(int(bits.weight), cfg.act_range, "nearest", momentum=float(cfg.act_momentum))
+                if second_is_activation else RangeLinear(int(bits.weight), "channel", "nearest")),
         act=RangeLinear(int(bits.act), cfg.act_range, "nearest", momentum=float(cfg.act_momentum)),
         grad=RangeLinear(int(bits.grad), "tensor", "stochastic"),
         grad_weight=RangeLinear(int(bits.grad_weight), "tensor", "stochastic") if bifurcated else None,
@@ -108,7 +117,7 @@ class SBM(Method):
     def prepare(self, model: nn.Module) -> nn.Module:
         keep_float = float_ends(self.cfg, [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))])
         self.swapped = swap_layers(model, lambda n, m: None if n in keep_float
-                                   else range_linear_quantizers(self.layer_bits(m), self.cfg))
+                                   else range_linear_quantizers(self.layer_bits(m), self.cfg, m), matmuls=True)
         self.model = model
         self._record = uniform_record(model, self.swapped)
         return model

@@ -13,6 +13,7 @@ from qtrain.models.alexnet import AlexNetCIFAR
 from qtrain.models.mobilenetv2 import MobileNetV2CIFAR
 from qtrain.models.resnet import ResNet18
 from qtrain.models.resnet_cifar import ResNetCIFAR
+from qtrain.models.transformer import TransformerLM
 from qtrain.task import CLASSIFICATION, Task
 
 MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
@@ -22,6 +23,7 @@ MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
     "resnet18": (ResNet18, ResNet18),
     "alexnet": (AlexNetCIFAR, AlexNetCIFAR),
     "mobilenetv2": (MobileNetV2CIFAR, MobileNetV2CIFAR),
+    "transformer": (TransformerLM, TransformerLM),
 }
 
 

@@ -7,6 +7,10 @@
   asked, for the weight-gradient path (SBM's "BW-16" gradient bifurcation). It saves the quantized
   activation in compact form (integer codes), so it holds less memory than the float32 layer.
   An observer (DYNASTY's sensitivity analytics) sees the gradients w.r.t. the input and the weight.
+- :class:`QuantizedMatMul`: a product of two activations (a Transformer's QK^T and attention x V), the
+  same three GEMMs with the second operand in the weight's place: its backward quantizes
+  ``grad_output`` for the first operand's gradient (the error GEMM) and, where asked, at another
+  precision for the second's (the weight-gradient GEMM's place).
 """
 
 from __future__ import annotations
@@ -119,3 +123,37 @@ class QuantizedGEMM(torch.autograd.Function):
             gx = q.act.masked_grad(gx, tuple(saved))
         gx, gw = (gx if need_x else None), (gw if need_w else None)
         return gx, gw, gb, None, None, None, None
+
+
+class QuantizedMatMul(torch.autograd.Function):
+    """``a @ b`` on operands quantized by ``quant.act`` (``a``) and ``quant.weight`` (``b``), in compact form for backward.
+
+    Backward: ``grad_a = q.grad(G) @ b^T`` and ``grad_b = a^T @ q.grad_weight(G)`` (``q.grad`` where no
+    separate weight-gradient quantizer is set), each passed straight through its operand's quantizer.
+    ``a`` and ``b`` share their batch dimensions (no broadcasting).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, quant: Any) -> torch.Tensor:
+        aq, saved_a = quant.act.compact(a) if quant.act is not None else (a, (a,))
+        bq, saved_b = quant.weight.compact(b) if quant.weight is not None else (b, (b,))
+        ctx.save_for_backward(*saved_a, *saved_b)
+        ctx.quant, ctx.split, ctx.shapes = quant, len(saved_a), (a.shape, b.shape)
+        return aq @ bq
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        q, saved = ctx.quant, ctx.saved_tensors
+        saved_a, saved_b = tuple(saved[:ctx.split]), tuple(saved[ctx.split:])
+        a = q.act.expand(saved_a, ctx.shapes[0]) if q.act is not None else saved_a[0]
+        b = q.weight.expand(saved_b, ctx.shapes[1]) if q.weight is not None else saved_b[0]
+        grad = grad.contiguous()
+        grad_err = q.grad(grad) if q.grad is not None else grad
+        grad_w = q.grad_weight(grad) if q.grad_weight is not None else grad_err
+        grad_a = grad_err @ b.transpose(-2, -1) if ctx.needs_input_grad[0] else None
+        grad_b = a.transpose(-2, -1) @ grad_w if ctx.needs_input_grad[1] else None
+        if grad_a is not None and q.act is not None:
+            grad_a = q.act.masked_grad(grad_a, saved_a)
+        if grad_b is not None and q.weight is not None:
+            grad_b = q.weight.masked_grad(grad_b, saved_b)
+        return grad_a, grad_b, None

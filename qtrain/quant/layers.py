@@ -1,7 +1,11 @@
-"""Quantized Conv2d and Linear, and the one call that installs them in a model (torchao's style).
+"""Quantized Conv2d, Linear and MatMul, and the one call that installs them in a model (torchao's style).
 
 A quantized layer keeps the float32 master weight as its parameter and holds one
 :class:`OperandQuantizers` (one quantizer, or None for float32, per operand of its three GEMMs).
+:class:`MatMul` is the GEMM of two activations (a Transformer's QK^T and attention x V) as a module, so
+that the cost profile sees it and :func:`swap_layers` can quantize it: its second operand takes the
+weight's place in the three GEMMs (forward ``a @ b``, error GEMM ``G @ b^T``, and ``a^T @ G`` in the
+weight-gradient GEMM's place), and is quantized by the ``weight`` quantizer.
 Where the quantizers allow it, per-sample activation and gradient bit-widths can be set around a
 forward (``sample_bits``: DFQ's per-input precision, FracTrain Sec. 3.2).
 """
@@ -15,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from qtrain.precision import Bits
-from qtrain.quant.autograd import QuantizedGEMM, quantize_grad, quantize_ste
+from qtrain.quant.autograd import QuantizedGEMM, QuantizedMatMul, quantize_grad, quantize_ste
 from qtrain.quant.quantizers import Quantizer
 
 
@@ -86,9 +90,31 @@ class QLinear(_Quantized, nn.Linear):
         return F.linear(x, weight, bias)
 
 
+class MatMul(nn.Module):
+    """``a @ b`` of two activations with the same batch dimensions, as a module (float32)."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
+class QMatMul(MatMul):
+    """:class:`MatMul` on quantized operands: ``quant.act`` quantizes ``a``, ``quant.weight`` quantizes ``b``."""
+
+    quant: OperandQuantizers
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        q = self.quant
+        if torch.is_grad_enabled():
+            return QuantizedMatMul.apply(a, b, q)
+        return (q.act(a) if q.act is not None else a) @ (q.weight(b) if q.weight is not None else b)
+
+
+SWAPPED = {nn.Conv2d: QConv2d, nn.Linear: QLinear, MatMul: QMatMul}
+
+
 def _quantized_copy(layer: nn.Module, quant: OperandQuantizers) -> nn.Module:
-    """A QConv2d/QLinear that shares ``layer``'s parameters and buffers (no copy of the weights)."""
-    cls = QConv2d if isinstance(layer, nn.Conv2d) else QLinear
+    """The quantized class of ``layer``, sharing its parameters and buffers (no copy of the weights)."""
+    cls = SWAPPED[type(layer)]
     new = cls.__new__(cls)
     new.__dict__.update(layer.__dict__)
     new._modules = dict(layer._modules)
@@ -105,15 +131,18 @@ def set_sample_bits(layers: Sequence[nn.Module], bits: tuple[torch.Tensor, torch
 QuantizersFor = Callable[[str, nn.Module], OperandQuantizers | None]
 
 
-def swap_layers(model: nn.Module, quantizers_for: QuantizersFor) -> list[str]:
-    """Replace every Conv2d and Linear for which ``quantizers_for(name, layer)`` gives quantizers.
+def swap_layers(model: nn.Module, quantizers_for: QuantizersFor, matmuls: bool = False) -> list[str]:
+    """Replace every Conv2d and Linear (and, with ``matmuls``, every :class:`MatMul`) for which
+    ``quantizers_for(name, layer)`` gives quantizers.
 
     Parameters are shared, not copied, so an optimizer built before or after sees the same tensors.
-    Returns the names of the swapped layers, in model order.
+    Returns the names of the swapped layers, in model order. A method that leaves the MatMuls out
+    trains them in float32, and the cost meter charges them so.
     """
+    kinds = (nn.Conv2d, nn.Linear, MatMul) if matmuls else (nn.Conv2d, nn.Linear)
     swapped = []
     for name, layer in list(model.named_modules()):
-        if type(layer) not in (nn.Conv2d, nn.Linear):
+        if type(layer) not in kinds:
             continue
         quant = quantizers_for(name, layer)
         if quant is None:

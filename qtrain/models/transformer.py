@@ -1,0 +1,132 @@
+"""A decoder-only Transformer language model (Vaswani et al., 2017; FracTrain Sec. 4.1, appendix D).
+
+Token embedding scaled by sqrt(d_model) plus the fixed sinusoidal position encoding, dropout, then
+``layers`` blocks of causal multi-head self-attention and a ReLU feed-forward network, each followed
+by dropout, the residual sum and LayerNorm (the paper's post-norm order), and a linear projection to
+the vocabulary. The input and output embeddings are not tied, so the output projection is a GEMM of
+its own that a method quantizes like any Linear (the embedding is a table lookup, not a GEMM).
+
+Every GEMM is a module the cost profile sees and a method can quantize: the query/key/value and
+output projections and the two feed-forward layers (``nn.Linear``), and the two products of
+activations in attention, ``scores = (Q / sqrt(d_k)) K^T`` and ``mix = softmax(scores) V``
+(:class:`~qtrain.quant.layers.MatMul`). Scaling Q before the product keeps the product a pure GEMM.
+
+Presets (``model.preset``): ``base`` is Transformer-base as FracTrain's Table 2 trains it on WikiText-103
+(6 layers, d_model 512, 8 heads, FFN 2048, dropout 0.1, sequence 256); ``small`` and ``tiny`` train
+on a CPU (the WikiText-2 mini run, tests). Any size can be set on its own (``model.layers=4``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from qtrain.errors import ConfigError
+from qtrain.quant.layers import MatMul
+from qtrain.task import LANGUAGE_MODEL
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {"layers": 6, "d_model": 512, "heads": 8, "ffn": 2048, "dropout": 0.1, "seq_len": 256},
+    "small": {"layers": 2, "d_model": 128, "heads": 4, "ffn": 512, "dropout": 0.1, "seq_len": 64},
+    "tiny": {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "dropout": 0.0, "seq_len": 16},
+}
+SIZES = ("layers", "d_model", "heads", "ffn", "seq_len")
+
+
+def preset_value(preset: str, key: str) -> Any:
+    """A preset's size (the resolver ``qtrain.transformer`` of ``conf/model/transformer.yaml``)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset={preset!r} is not allowed (choose from: {', '.join(PRESETS)})")
+    return PRESETS[preset][key]
+
+
+def sinusoids(length: int, d_model: int) -> torch.Tensor:
+    """The fixed position encoding: sin at even, cos at odd features, wavelengths 2*pi .. 10000*2*pi."""
+    position = torch.arange(length, dtype=torch.float64).unsqueeze(1)
+    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate)[:, : d_model // 2]
+    return table.float()
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.d_head = heads, d_model // heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.scores = MatMul()
+        self.mix = MatMul()
+        self.out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.d_head).permute(2, 0, 3, 1, 4)
+        scores = self.scores(q * self.d_head ** -0.5, k.transpose(-2, -1))  # (b, heads, t, t)
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        weights = self.dropout(scores.masked_fill(future, float("-inf")).softmax(-1))
+        mixed = self.mix(weights, v)  # (b, heads, t, d_head)
+        return self.out(mixed.transpose(1, 2).reshape(b, t, d))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model: int, heads: int, ffn: int, dropout: float) -> None:
+        super().__init__()
+        self.attention = CausalSelfAttention(d_model, heads, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.ffn1 = nn.Linear(d_model, ffn)
+        self.ffn2 = nn.Linear(ffn, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.dropout(self.attention(x)))
+        return self.norm2(x + self.dropout(self.ffn2(self.dropout(F.relu(self.ffn1(x))))))
+
+
+class TransformerLM(nn.Module):
+    """Token ids (batch, T) to next-token scores (batch, T, vocab_size), T at most ``seq_len``."""
+
+    task = LANGUAGE_MODEL
+    options = ("layers", "d_model", "heads", "ffn", "dropout", "seq_len")
+
+    @staticmethod
+    def check(config: Mapping[str, Any]) -> None:
+        """One-line ConfigErrors for bad sizes in the model config (before any data is loaded)."""
+        preset_value(config.get("preset", "base"), "layers")
+        for key in SIZES:
+            value = config.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{key}={value!r} is not allowed: it must be an integer >= 1")
+        if config["d_model"] % config["heads"] or config["d_model"] % 2:
+            raise ConfigError(f"model.d_model={config['d_model']} is not allowed with model.heads={config['heads']}: "
+                              "d_model must be even and a multiple of heads")
+        dropout = config.get("dropout")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ConfigError(f"model.dropout={dropout!r} is not allowed: it must be a number in [0, 1)")
+
+    def __init__(self, vocab_size: int, layers: int = 6, d_model: int = 512, heads: int = 8, ffn: int = 2048,
+                 dropout: float = 0.1, seq_len: int = 256) -> None:
+        super().__init__()
+        self.d_model, self.seq_len = d_model, seq_len
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.register_buffer("positions", sinusoids(seq_len, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, heads, ffn, dropout) for _ in range(layers))
+        self.head = nn.Linear(d_model, vocab_size)
+        nn.init.normal_(self.embed.weight, std=d_model ** -0.5)  # unit-variance inputs once scaled by sqrt(d)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        if t > self.seq_len:
+            raise ValueError(f"a sequence of {t} tokens is longer than the model's seq_len={self.seq_len}")
+        x = self.dropout(self.embed(tokens) * self.d_model ** 0.5 + self.positions[:t])
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
