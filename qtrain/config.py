@@ -37,7 +37,7 @@ GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("constant", "multistep", "cosine", "plateau")
+SCHEDULES = ("constant", "multistep", "cosine", "plateau", "inverse_sqrt")
 FILE_DATASETS = ("cifar10", "cifar100", "mnist")  # the datasets read from data.root
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
@@ -337,7 +337,10 @@ def _validate_sched(cfg: DictConfig) -> None:
         _require_number(cfg, "sched.factor", 0, 1, low_open=True, high_open=True)
         _require_int(cfg, "sched.patience", 0)
         _require_number(cfg, "sched.threshold", 0)
-    _require_int(cfg, "sched.warmup_epochs", 0)
+    if name == "inverse_sqrt":
+        _require_int(cfg, "sched.warmup_steps", 1)
+    else:
+        _require_int(cfg, "sched.warmup_epochs", 0)
 
 
 def _plain(value: Any) -> Any:

@@ -52,7 +52,7 @@ from qtrain.data import DATASETS, load_data
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
 from qtrain.models import MODELS, build_model, check_model_config, model_task
-from qtrain.optim import build_optimizer, build_scheduler, build_warmup
+from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
 from qtrain.results import COST, METRICS, PRECISION, RunFiles
@@ -347,7 +347,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         model, method, optimizer, scheduler, meter, train_batches, test_batches, data.task,
         cfg.train.epochs, cfg.train.accum_steps, cfg.progress and distributed.is_writer(),
     )
-    trainer.warmup = build_warmup(cfg.sched, optimizer, -(-len(trainer.train_batches) // cfg.train.accum_steps))
+    trainer.step_schedule = build_step_schedule(cfg.sched, optimizer,
+                                                -(-len(trainer.train_batches) // cfg.train.accum_steps))
     precision_log: list[dict] = []
 
     if checkpoint is not None:
@@ -355,8 +356,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        if trainer.warmup is not None:
-            trainer.warmup.load_state_dict(checkpoint["warmup"])
+        if trainer.step_schedule is not None:
+            trainer.step_schedule.load_state_dict(checkpoint["step_schedule"])
         meter.load_state_dict(checkpoint["meter"])
         trainer.progress = Progress(**checkpoint["progress"])
         precision_log = checkpoint["precision_log"]
@@ -384,7 +385,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         files.save_checkpoint({
             "identity": ident, "device_type": device.type, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "method": method.state_dict(),
-            "warmup": trainer.warmup.state_dict() if trainer.warmup is not None else None,
+            "step_schedule": trainer.step_schedule.state_dict() if trainer.step_schedule is not None else None,
             "meter": meter.state_dict(), "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
             **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
         })

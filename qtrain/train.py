@@ -64,7 +64,7 @@ class Trainer:
     epochs: int
     accum_steps: int = 1
     show_progress: bool = True
-    warmup: torch.optim.lr_scheduler.LinearLR | None = None  # stepped per optimizer step until it ends
+    step_schedule: torch.optim.lr_scheduler.LRScheduler | None = None  # stepped after every optimizer step
     progress: Progress = field(default_factory=Progress)
     epoch_precision: EpochPrecision = field(default_factory=EpochPrecision)  # of the last epoch trained
 
@@ -145,8 +145,8 @@ class Trainer:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.progress.step += 1
-                if self.warmup is not None and self.progress.step <= self.warmup.total_iters:
-                    self.warmup.step()
+                if self.step_schedule is not None:
+                    self.step_schedule.step()
                 self.method.after_step(info)
             counted = samples * y[0].numel()  # positions over all ranks: every sample of a batch has as many
             loss_sum += task * counted

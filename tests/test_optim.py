@@ -1,4 +1,4 @@
-"""The learning-rate warm-up: linear per optimizer step, composed with the epoch schedules."""
+"""The learning-rate warm-up (linear per optimizer step, composed with the epoch schedules) and the inverse square root."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from qtrain.optim import build_scheduler, build_warmup
+from qtrain.optim import build_scheduler, build_step_schedule
 
 
 def _lrs(sched: dict, epochs: int, steps_per_epoch: int) -> list[float]:
@@ -14,15 +14,15 @@ def _lrs(sched: dict, epochs: int, steps_per_epoch: int) -> list[float]:
     cfg = OmegaConf.create(sched)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     scheduler = build_scheduler(cfg, optimizer, epochs)
-    warmup = build_warmup(cfg, optimizer, steps_per_epoch)
+    per_step = build_step_schedule(cfg, optimizer, steps_per_epoch)
     seen, step = [], 0
     for _ in range(epochs):
         for _ in range(steps_per_epoch):
             seen.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             step += 1
-            if warmup is not None and step <= warmup.total_iters:
-                warmup.step()
+            if per_step is not None:
+                per_step.step()
         scheduler.step()
     return seen
 
@@ -43,3 +43,24 @@ def test_warmup_over_several_epochs_scales_the_cosine_schedule():
     # closed form: the cosine lr of the step's epoch times the warm-up factor min(1, (k + 1) / 4) of step k
     expected = [0.05 * (1 + math.cos(math.pi * (k // 2) / 4)) * min(1.0, (k + 1) / 4) for k in range(8)]
     assert lrs == pytest.approx(expected)
+
+
+def test_inverse_sqrt_rises_to_the_peak_at_the_warmup_then_falls_as_one_over_root_step():
+    lrs = _lrs({"name": "inverse_sqrt", "warmup_steps": 4}, 3, 4)  # peak lr 0.1 (the optimizer's) at step 4
+    expected = [0.1 * min(s / 4, math.sqrt(4 / s)) for s in range(1, 13)]  # step s (from 1), Vaswani's shape
+    assert lrs == pytest.approx(expected, rel=1e-12)
+    assert lrs[3] == pytest.approx(0.1) and lrs[11] == pytest.approx(0.1 * math.sqrt(4 / 12))
+
+
+def test_inverse_sqrt_is_vaswanis_formula_with_the_peak_it_implies():
+    d_model, warmup = 512, 4000
+    peak = (d_model * warmup) ** -0.5
+    cfg = OmegaConf.create({"name": "inverse_sqrt", "warmup_steps": warmup})
+    optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=peak)
+    per_step = build_step_schedule(cfg, optimizer, 100)
+    for step in range(1, 10_001):
+        lr = optimizer.param_groups[0]["lr"]
+        if step in (1, 100, 4000, 10_000):
+            assert lr == pytest.approx(d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5), rel=1e-9)
+        optimizer.step()
+        per_step.step()
