@@ -38,7 +38,9 @@ LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau", "inverse_sqrt")
-FILE_DATASETS = ("cifar10", "cifar100", "mnist")  # the datasets read from data.root
+FILE_DATASETS = ("cifar10", "cifar100", "mnist", "wikitext2", "wikitext103", "corpus")  # the datasets read from data.root
+TEXT_DATASETS = ("text", "wikitext2", "wikitext103", "corpus")  # language-modelling corpora (qtrain/data/text.py)
+TEXT_LEVELS = ("word", "char")
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
 # (compiled kernels reorder float reductions) included.
@@ -283,12 +285,27 @@ def _require_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], what: s
 
 def _validate_data(cfg: DictConfig) -> None:
     data = cfg.data
-    if data.name in FILE_DATASETS:  # scale=smoke turns a file dataset into its synthetic stand-in, root and all
+    if data.name in FILE_DATASETS:  # scale=smoke turns a file dataset into its stand-in (no files), root and all
         if OmegaConf.is_missing(data, "root"):
             raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {data.name} files")
         if not isinstance(data.root, str) or not Path(data.root).expanduser().is_dir():
             raise ConfigError(f"data.root={data.root!r} is not allowed: it must be the folder that holds the "
                               f"{data.name} files")
+    if data.name in TEXT_DATASETS:
+        if data.level not in TEXT_LEVELS:
+            raise ConfigError(f"data.level={data.level!r} is not allowed (choose from: {', '.join(TEXT_LEVELS)})")
+        _require_int(cfg, "data.min_count", 1)
+    else:
+        _validate_images(cfg)
+    sample = data.sample
+    if sample is not None and (not isinstance(sample, DictConfig) or set(sample.keys()) != {"train", "test"}
+                               or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
+        shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
+        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
+
+
+def _validate_images(cfg: DictConfig) -> None:
+    data = cfg.data
     if data.name == "synthetic":
         for key, low in (("n_train", 1), ("n_test", 1), ("num_classes", 2), ("channels", 1), ("size", 1), ("seed", 0)):
             _require_int(cfg, f"data.{key}", low)
@@ -299,11 +316,6 @@ def _validate_data(cfg: DictConfig) -> None:
                                or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
         shown = OmegaConf.to_container(subset) if isinstance(subset, DictConfig) else subset
         raise ConfigError(f"data.subset={shown} is not allowed: {{by: classes|samples, part: 0|1}} or null")
-    sample = data.sample
-    if sample is not None and (not isinstance(sample, DictConfig) or set(sample.keys()) != {"train", "test"}
-                               or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
-        shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
-        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
 
 
 def _validate_optim(cfg: DictConfig) -> None:

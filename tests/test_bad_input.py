@@ -52,6 +52,8 @@ CASES = {
     "no training data": (["data.n_train=0"], None, "data.n_train=0 is not allowed: it must be an integer >= 1"),
     "no data root": (["data=cifar10"], None, "data.root is not set: pass data.root=DIR, the folder that holds the "
                                              "cifar10 files"),
+    "unknown text level": (["data=text", "data.level=byte"], None,
+                           "data.level='byte' is not allowed (choose from: word, char)"),
     "sample without a test size": (["data.sample={train: 10}"], None,
                                    "data.sample={'train': 10} is not allowed: {train: N, test: M} with integers >= 1, "
                                    "or null"),

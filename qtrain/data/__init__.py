@@ -4,22 +4,29 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from qtrain.config import TEXT_DATASETS
 from qtrain.data.base import Data, Stream
 from qtrain.data.batches import BatchStream, ImageData, ImageSplit
+from qtrain.data.embedded_text import pydoc_corpus
 from qtrain.data.subsets import take_sample, take_subset
+from qtrain.data.text import TextData, TokenStream, first_tokens, read_corpus
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import ConfigError
-from qtrain.task import CLASSIFICATION, Task
+from qtrain.task import CLASSIFICATION, LANGUAGE_MODEL, Task
 
 # Every dataset's task, known before anything is loaded (a model is checked against it in the preflight).
 DATASETS: dict[str, Task] = {
     "digits": CLASSIFICATION, "synthetic": CLASSIFICATION, "cifar10": CLASSIFICATION, "cifar100": CLASSIFICATION,
-    "mnist": CLASSIFICATION,
+    "mnist": CLASSIFICATION, **dict.fromkeys(TEXT_DATASETS, LANGUAGE_MODEL),
 }
 
 
 def load_data(cfg: DictConfig) -> Data:
-    """Load the dataset that ``cfg`` (the ``data`` config group) names, the half that ``subset`` names, its ``sample``."""
+    """Load the dataset that ``cfg`` (the ``data`` config group) names: images with the half that ``subset`` names
+    and their ``sample``, or a corpus (the embedded ``text``, else files under ``root``) and its ``sample``."""
+    if cfg.name in TEXT_DATASETS:
+        root = pydoc_corpus() if cfg.name == "text" else cfg.root
+        return first_tokens(read_corpus(root, cfg.name, cfg.level, cfg.min_count), cfg.sample)
     return take_sample(take_subset(_load(cfg), cfg.subset), cfg.sample)
 
 
@@ -36,4 +43,4 @@ def _load(cfg: DictConfig) -> Data:
     raise ConfigError(f"unknown dataset {name!r} (choose from: {', '.join(DATASETS)})")
 
 
-__all__ = ["BatchStream", "Data", "ImageData", "ImageSplit", "DATASETS", "Stream", "load_data"]
+__all__ = ["BatchStream", "Data", "ImageData", "ImageSplit", "DATASETS", "Stream", "TextData", "TokenStream", "load_data"]

@@ -1,0 +1,156 @@
+"""The Transformer language model: causal attention, its GEMMs' MACs, quantized attention, perplexity."""
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from qtrain.cost import CostMeter, profile_macs
+from qtrain.errors import ConfigError
+from qtrain.methods import build_method
+from qtrain.models import build_model
+from qtrain.precision import Bits
+from qtrain.quant.layers import MatMul, OperandQuantizers, QMatMul
+from qtrain.quant.quantizers import RangeLinear
+from qtrain.quant.rounding import set_fused
+from qtrain.task import LANGUAGE_MODEL
+from qtrain.train import Trainer
+from tests.conftest import make_config
+
+SIZES = {"layers": 2, "d_model": 32, "heads": 4, "ffn": 48, "dropout": 0.0, "seq_len": 12}
+VOCAB = 37
+
+
+def _model(**sizes) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("transformer", {"name": "transformer", **{**SIZES, **sizes}}, vocab_size=VOCAB)
+
+
+def _tokens(batch: int = 3, length: int = 12) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def test_scores_depend_on_earlier_tokens_only():
+    model = _model().eval()
+    tokens = _tokens()
+    changed = tokens.clone()
+    changed[:, 7] = (changed[:, 7] + 1) % VOCAB
+    before, after = model(tokens), model(changed)
+    assert before.shape == (3, 12, VOCAB)
+    assert torch.equal(before[:, :7], after[:, :7])
+    assert not torch.allclose(before[:, 7:], after[:, 7:])
+
+
+@pytest.mark.parametrize("length", [12, 5])
+def test_macs_of_every_gemm_match_the_closed_form(length):
+    d, ffn, t = SIZES["d_model"], SIZES["ffn"], length
+    per_block = {"attention.qkv": t * d * 3 * d, "attention.scores": t * t * d, "attention.mix": t * t * d,
+                 "attention.out": t * d * d, "ffn1": t * d * ffn, "ffn2": t * ffn * d}
+    expected = {f"blocks.{i}.{name}": macs for i in range(2) for name, macs in per_block.items()}
+    expected["head"] = t * d * VOCAB
+    assert profile_macs(_model(), _tokens(2, length)) == expected
+
+
+def test_macs_match_torch_flop_counter():
+    model, tokens = _model(), _tokens(2)
+    macs = profile_macs(model, tokens)
+    with FlopCounterMode(display=False) as counter:
+        model.eval()(tokens)
+    assert 2 * sum(macs.values()) * 2 == counter.get_total_flops()
+
+
+def test_the_meter_charges_attention_at_its_operands_bits():
+    set_fused(False)
+    method = build_method(make_config("method=sbm", "method.grad_bits=16", "method.grad_weight_bits=16",
+                                      "method.act_bits=4").method)
+    model = method.prepare(_model())
+    assert isinstance(model.blocks[0].attention.scores, QMatMul)
+    meter = CostMeter(method.profile(model, _tokens(2)))
+    meter.add(method.precision(), samples=5)
+    row = meter.table().set_index("layer").loc["blocks.1.attention.mix"]
+    # forward a (4 bits) x b (in the weight's place, 8 bits); error GEMM 16 x 8; weight-gradient place 4 x 16
+    assert row.effective_macs == pytest.approx(5 * 12 * 12 * 32 * (4 * 8 + 16 * 8 + 4 * 16) / 1024)
+
+
+def _attention_grads(layer: torch.nn.Module, a: torch.Tensor, b: torch.Tensor, grad: torch.Tensor):
+    a, b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    out = layer(a, b)
+    out.backward(grad)
+    return out, a.grad, b.grad
+
+
+def test_quantized_attention_with_every_operand_at_32_bits_is_float_attention():
+    a, b, grad = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 5), torch.randn(2, 3, 5, 5)
+    float32 = MatMul()
+    quantized = QMatMul()
+    quantized.quant = OperandQuantizers()  # every operand float32: charged 32 bits
+    assert quantized.quant.bits() == Bits(32, 32, 32, 32)
+    for ours, reference in zip(_attention_grads(quantized, a, b, grad), _attention_grads(float32, a, b, grad)):
+        assert torch.equal(ours, reference)
+
+
+def test_a_model_at_muppets_float32_word_length_computes_as_the_float_model():
+    tokens = _tokens()
+    reference = _model()(tokens)
+    method = build_method(make_config("method=muppet", "method.schedule=[32]").method)
+    model = method.prepare(_model())
+    assert isinstance(model.blocks[0].attention.scores, QMatMul)
+    assert torch.equal(model(tokens), reference)
+
+
+def test_quantized_attention_is_the_gemm_of_its_quantized_operands():
+    set_fused(False)
+    a, b, grad = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 5), torch.randn(2, 3, 5, 5)
+    layer = QMatMul()
+    layer.quant = OperandQuantizers(weight=RangeLinear(3, "tensor", "nearest"), act=RangeLinear(4, "tensor", "nearest"),
+                                    grad=RangeLinear(5, "tensor", "nearest"), grad_weight=RangeLinear(6, "tensor", "nearest"))
+    out, grad_a, grad_b = _attention_grads(layer, a, b, grad)
+    qa, qb = RangeLinear(4, "tensor", "nearest")(a), RangeLinear(3, "tensor", "nearest")(b)
+    assert len(qa.unique()) <= 16 and len(qb.unique()) <= 8
+    assert torch.equal(out, qa @ qb)
+    assert torch.equal(grad_a, RangeLinear(5, "tensor", "nearest")(grad) @ qb.transpose(-2, -1))
+    assert torch.equal(grad_b, qa.transpose(-2, -1) @ RangeLinear(6, "tensor", "nearest")(grad))
+
+
+class _Batches:
+    """A stream of given (tokens, targets) batches."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def epoch(self, epoch):
+        return iter(self.batches)
+
+
+class _Uniform(torch.nn.Module):
+    """Equal scores for every word: the uniform distribution over the vocabulary."""
+
+    def forward(self, tokens):
+        return torch.zeros(*tokens.shape, VOCAB)
+
+
+def test_a_uniform_model_has_the_vocabulary_size_as_perplexity():
+    targets = _tokens(4, 9)
+    trainer = Trainer(_Uniform(), None, None, None, None, None, _Batches([(targets, targets), (targets[:1], targets[:1])]),
+                      LANGUAGE_MODEL, epochs=1)
+    metrics = trainer.evaluate()
+    assert metrics["test_ppl"] == pytest.approx(VOCAB, rel=1e-6)
+    assert metrics["test_loss"] == pytest.approx(math.log(VOCAB), rel=1e-6)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("heads", 5, "model.d_model=32 is not allowed with model.heads=5"),
+    ("layers", 0, "model.layers=0 is not allowed: it must be an integer >= 1"),
+    ("dropout", 1.0, "model.dropout=1.0 is not allowed: it must be a number in [0, 1)"),
+])
+def test_bad_sizes_are_named(key, value, message):
+    from qtrain.models import check_model_config
+
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        check_model_config({"name": "transformer", "preset": "tiny", **SIZES, key: value})
+
+
+def test_a_sequence_longer_than_the_context_is_refused():
+    with pytest.raises(ValueError, match="longer than the model's seq_len=12"):
+        _model()(_tokens(1, 13))
