@@ -8,6 +8,7 @@ options do not cover is work that was skipped (a 0-bit block), which costs nothi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -114,7 +115,8 @@ class EpochPrecision:
 def weight_density(layer: nn.Module) -> float:
     """Share of non-zero weights in what the forward pass sees (the quantized copy, where there is one).
 
-    A weight quantizer that tracks the density of its last output is read rather than run again.
+    A weight quantizer that tracks the density of its last output is read rather than run again. A layer
+    without weights (a Transformer's attention products) has none: NaN.
     """
     tracked = getattr(getattr(getattr(layer, "quant", None), "weight", None), "density", None)
     if tracked is not None:
@@ -123,6 +125,8 @@ def weight_density(layer: nn.Module) -> float:
         weights = [layer.quantized_weight()]
     else:
         weights = [p for n, p in layer.named_parameters(recurse=False) if n.startswith("weight")]
+    if not weights:
+        return math.nan
     return sum(w.count_nonzero().item() for w in weights) / sum(w.numel() for w in weights)
 
 

@@ -20,6 +20,17 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TINY = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=false", "fused=false"]
 
 
+# A run of the Transformer's tiny preset on a sample of the embedded text corpus (data=text).
+TINY_TEXT = ["model=transformer", "model.preset=tiny", "data=text", "data.sample={train: 3000, test: 600}",
+             "train.epochs=2", "train.batch_size=8", "train.eval_batch_size=4", "progress=false", "fused=false"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def text_cache(tmp_path_factory):
+    """The embedded text corpus is built into a folder of the test session's (the user's cache stays untouched)."""
+    os.environ["QTRAIN_CACHE"] = str(tmp_path_factory.mktemp("qtrain-cache"))
+
+
 @pytest.fixture(autouse=True)
 def eager_quantizers():
     """Tests run the eager kernel unless they ask for the fused one (no compile; the same bits, test_run checks)."""

@@ -17,7 +17,7 @@ from qtrain.errors import ConfigError, DivergedError, RunDirError
 from qtrain.run import run
 from qtrain.train import Trainer
 
-from .conftest import TINY, make_config
+from .conftest import TINY, TINY_TEXT, make_config
 
 TIMING = ["epoch_seconds", "wall_seconds"]
 
@@ -77,6 +77,8 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     ["method=muppet", "method.resolution=2"],
     # bit-width maps and lambda carried over, and the lr warm-up killed halfway
     ["method=dynasty", "method.target_bits=2", "sched.warmup_epochs=2"],
+    # a language model: token batches, quantized attention, perplexity, a stage switch after epoch 1
+    [*TINY_TEXT, "method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
 ])
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
     overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]"]

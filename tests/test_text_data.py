@@ -85,6 +85,16 @@ def test_batches_are_rows_of_running_text_with_targets_shifted_by_one():
     assert TokenStream(torch.arange(5), rows=1, seq_len=4).example(2).tolist() == [[0, 1, 2, 3], [4, 0, 1, 2]]
 
 
+def test_training_batches_are_whole_sequences_the_short_tail_left_out():
+    stream = TokenStream(torch.arange(100, 123), rows=2, seq_len=4, whole_batches=True)
+    assert [x.tolist() for x, _ in stream.epoch(0)] == [[[100, 101, 102, 103], [111, 112, 113, 114]],
+                                                         [[104, 105, 106, 107], [115, 116, 117, 118]]]
+    assert len(stream) == 2 and stream.samples == 4
+    with pytest.raises(DataError, match=r"holds 9 tokens, too few for 2 rows of at least 5 tokens \(lower "
+                                        r"train.batch_size or model.seq_len\)$"):
+        TokenStream(torch.arange(9), rows=2, seq_len=4, whole_batches=True)
+
+
 def test_rank_slices_cover_each_global_batch_exactly():
     tokens = torch.arange(61)
     whole = list(TokenStream(tokens, rows=5, seq_len=3).epoch(0))
@@ -102,11 +112,11 @@ def test_streams_take_the_batch_sizes_and_context_length_of_the_run(tmp_path):
     data = read_corpus(tmp_path, "corpus")
     cfg = OmegaConf.create({"train": {"batch_size": 2, "eval_batch_size": 3}, "model": {"seq_len": 3}})
     train, test = data.streams(cfg, torch.device("cpu"), 0, 1)
-    assert [x.shape for x, _ in train.epoch(0)] == [(2, 3), (2, 1)]  # 2 rows of 11 // 2 = 5 tokens: 4 input columns
+    assert [x.shape for x, _ in train.epoch(0)] == [(2, 3)]  # 2 rows of 11 // 2 = 5 tokens: one whole sequence of 3
     assert [x.tolist() for x, _ in test.epoch(0)] == [[[2], [4], [6]]]  # 6 test tokens: 3 rows of 2
     cfg.train.batch_size = 6
-    with pytest.raises(DataError, match=r"^the training split of corpus holds 11 tokens, too few for 6 rows of at least 2 "
-                                        r"tokens \(lower train.batch_size\)$"):
+    with pytest.raises(DataError, match=r"^the training split of corpus holds 11 tokens, too few for 6 rows of at least 4 "
+                                        r"tokens \(lower train.batch_size or model.seq_len\)$"):
         data.streams(cfg, torch.device("cpu"), 0, 1)
     cfg.train.batch_size, cfg.train.eval_batch_size = 2, 4
     with pytest.raises(DataError, match=r"test split of corpus holds 6 tokens, .* \(lower train.eval_batch_size\)$"):

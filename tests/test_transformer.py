@@ -2,6 +2,7 @@
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -16,7 +17,7 @@ from qtrain.quant.quantizers import RangeLinear
 from qtrain.quant.rounding import set_fused
 from qtrain.task import LANGUAGE_MODEL
 from qtrain.train import Trainer
-from tests.conftest import make_config
+from tests.conftest import TINY_TEXT, make_config
 
 SIZES = {"layers": 2, "d_model": 32, "heads": 4, "ffn": 48, "dropout": 0.0, "seq_len": 12}
 VOCAB = 37
@@ -154,3 +155,37 @@ def test_bad_sizes_are_named(key, value, message):
 def test_a_sequence_longer_than_the_context_is_refused():
     with pytest.raises(ValueError, match="longer than the model's seq_len=12"):
         _model()(_tokens(1, 13))
+
+
+@pytest.mark.parametrize("method,attention_quantized", [
+    ("float32", False), ("sbm", True), ("pfq", True), ("muppet", True), ("adapt", False), ("dynasty", False),
+])
+def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, method, attention_quantized):
+    from qtrain.run import run
+
+    summary = run(make_config(*TINY_TEXT, f"method={method}", "train.epochs=1"), tmp_path)
+    assert summary["status"] == "completed" and summary["task"] == "language_model"
+    final = summary["final"]
+    assert math.isfinite(final["test_ppl"]) and final["test_ppl"] == pytest.approx(math.exp(final["test_loss"]))
+    assert summary["best_test_ppl"] == final["test_ppl"]
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert {"train_ppl", "test_ppl", "train_acc", "test_acc"} <= set(metrics.columns)
+    cost = pd.read_csv(tmp_path / "cost.csv").set_index("layer")
+    scores = cost.loc["blocks.0.attention.scores"]
+    assert scores.macs_per_sample == 16 * 16 * 32  # T^2 * d_model of the tiny preset
+    assert (scores.percent_of_float32 < 100) == attention_quantized
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model=transformer"], "model=transformer is not allowed with data=digits: the data is for classification and "
+                            "the model for language model"),
+    (["data=text"], "model=resnet20 is not allowed with data=text: the data is for language model and the model for "
+                    "classification"),
+    (["model=transformer", "data=text", "method=dfq"], "method dfq needs a model with residual blocks to gate"),
+])
+def test_a_model_for_another_task_or_a_method_that_cannot_apply_is_refused_before_any_work(tmp_path, overrides, message):
+    from qtrain.run import run
+
+    with pytest.raises(ConfigError, match=message):
+        run(make_config(*overrides), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

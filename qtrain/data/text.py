@@ -62,7 +62,7 @@ class TextData:
         ``model.seq_len`` tokens long (the trainer evaluates on the test split)."""
         seq_len = cfg.model.seq_len
         return (TokenStream(self.train.to(device), cfg.train.batch_size, seq_len, rank, world,
-                            f"training split of {self.name}", "train.batch_size"),
+                            f"training split of {self.name}", "train.batch_size", whole_batches=True),
                 TokenStream(self.test.to(device), cfg.train.eval_batch_size, seq_len, rank, world,
                             f"test split of {self.name}", "train.eval_batch_size"))
 
@@ -75,18 +75,26 @@ class TokenStream:
     last batch shorter where the columns run out. A sample is a row: a batch holds ``rows`` samples over all ranks
     and each rank takes its :func:`~qtrain.data.base.rank_slice` of the rows. Every epoch gives the same batches,
     in order: each row is one stretch of running text, read from start to end.
+
+    With ``whole_batches`` (training) the short last batch is left out, so every batch is ``seq_len`` tokens long:
+    the cost meter charges each row the MACs profiled on a full sequence (attention's grow as its square), and
+    DYNASTY's activation maps are laid out for one sequence length.
     """
 
     def __init__(self, tokens: torch.Tensor, rows: int, seq_len: int, rank: int = 0, world: int = 1,
-                 what: str = "split", key: str = "train.batch_size") -> None:
+                 what: str = "split", key: str = "train.batch_size", whole_batches: bool = False) -> None:
         columns = len(tokens) // rows
-        if columns < 2:
-            raise DataError(f"the {what} holds {len(tokens)} tokens, too few for {rows} rows of at least 2 tokens "
-                            f"(lower {key})")
+        needed = seq_len + 1 if whole_batches else 2
+        if columns < needed:
+            raise DataError(f"the {what} holds {len(tokens)} tokens, too few for {rows} rows of at least {needed} tokens "
+                            f"(lower {key}{' or model.seq_len' if whole_batches else ''})")
         self.tokens, self.rows, self.seq_len, self.columns, self.world = tokens, rows, seq_len, columns, world
+        self.whole_batches = whole_batches
         self.part = tokens[:rows * columns].view(rows, columns)[rank_slice(rows, rank, world)]
 
     def __len__(self) -> int:
+        if self.whole_batches:
+            return (self.columns - 1) // self.seq_len
         return -(-(self.columns - 1) // self.seq_len)
 
     @property
@@ -100,7 +108,7 @@ class TokenStream:
         return self.rows // self.world
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for start in range(0, self.columns - 1, self.seq_len):
+        for start in range(0, len(self) * self.seq_len, self.seq_len):
             end = min(start + self.seq_len, self.columns - 1)
             yield self.part[:, start:end], self.part[:, start + 1:end + 1]
 
