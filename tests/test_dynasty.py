@@ -394,3 +394,12 @@ def test_dynasty_trains_a_transformer_with_maps_that_differ_between_blocks():
     for operand in ("weight", "act"):
         maps = torch.cat([getattr(quant, operand).map for quant in method.layers.values()])
         assert len(maps.unique()) > 1
+
+
+def test_a_batch_of_other_sequences_than_the_map_was_made_for_is_refused():
+    act = ActivationMap("nearest", 4, (0, -1))
+    act.batch_size = 8
+    act.compact(torch.randn(8, 3, 8))
+    act.compact(torch.randn(5, 3, 8))  # a smaller last batch: the map's first rows
+    with pytest.raises(ValueError, match=r"shape \(2, 8\) do not fit the activation map made for \(3, 8\)"):
+        act.compact(torch.randn(8, 2, 8))  # 2 tokens: the map's entries would land on other tokens
