@@ -246,13 +246,19 @@ def test_computation_counts_each_blocks_macs_strides_included():
     assert torch.all(method.computation("layer2.0.shortcut.0", "weight") == 16 * 2 * 8 * 16)
 
 
-def _one_linear(target=4):
+def _dynasty_linear(features, sample_shape, batch, *overrides):
+    """DYNASTY on one bias-free Linear(features, features) for samples of ``sample_shape`` in batches of ``batch``."""
     from qtrain.methods import build_method
 
-    method = build_method(make_config("method=dynasty", f"method.target_bits={target}").method)
-    model = method.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)))
-    method.profile(model, torch.zeros(2, 4))
-    method.attach(None, RunFacts(4, 1, 4))
+    method = build_method(make_config("method=dynasty", *overrides).method)
+    model = method.prepare(torch.nn.Sequential(torch.nn.Linear(features, features, bias=False)))
+    method.profile(model, torch.zeros(2, *sample_shape))
+    method.attach(None, RunFacts(batch, 1, batch))
+    return method, model
+
+
+def _one_linear(target=4):
+    method, model = _dynasty_linear(4, (4,), 4, f"method.target_bits={target}")
     model(torch.randn(4, 4)).sum().backward()
     return method, model[0].quant
 
@@ -311,3 +317,89 @@ def test_a_short_run_holds_its_average_at_the_target(tmp_path, target):
     assert maps[columns].sum(axis=1).to_numpy() == pytest.approx(1.0)
     assert (maps.loc[maps.epoch == 2, columns].max(axis=1) < 1).any()  # the first computed map mixes widths
     assert json.loads((tmp_path / "summary.json").read_text())["hardware"]["models"]["bit_serial"]["speedup_vs_8bit"] > 1
+
+
+# a Linear on (batch 8, tokens 3, C_in 8): blocks of 4 samples x 4 channels at each token, in the map's order
+# (sample block i, channel block j, token t) -> (2 i + j) * 3 + t, 12 entries
+
+
+def test_a_linear_on_tokens_maps_batch_by_channel_blocks_at_each_token():
+    torch.manual_seed(0)
+    method, model = _dynasty_linear(8, (3, 8), 8)
+    x = torch.randint(1, 8, (8, 3, 8)).float()  # integers below 8: exact at 8 bits
+    x[4:8, 1, 0:4] = 0  # samples 4-7, channels 0-3, token 1: entry (2 * 1 + 0) * 3 + 1 = 7
+    (model(x) * torch.randn(8, 3, 8)).sum().backward()
+    act = model[0].quant.act
+    assert act.map.tolist() == [4] * 12
+    zero = torch.arange(12) == 7
+    assert torch.all(act.sensitivity[zero] == 0) and torch.all(act.sensitivity[~zero] > 0)
+    # T_i: each activation element is read by the 8 outputs of its token; each weight element meets
+    # 8 samples x 3 tokens in the forward and the error GEMM
+    assert method.computation("0", "act").tolist() == [16 * 8.0] * 12
+    assert method.computation("0", "weight").tolist() == [16 * 2 * 8 * 3.0] * 4
+
+    act.map = torch.full((12,), 8, dtype=torch.int32)
+    act.map[4] = 0  # samples 0-3, channels 4-7, token 1: skipped in the weight-gradient GEMM
+    model[0].weight.grad = None
+    model(x).sum().backward()  # grad_output all ones (exact at 8 bits): grad_w[o, c] = sum over samples, tokens of x[., ., c]
+    mapped = x.clone()
+    mapped[0:4, 1, 4:8] = 0
+    assert torch.equal(model[0].weight.grad, mapped.sum(dim=(0, 1)).expand(8, 8))
+    assert not torch.equal(model[0].weight.grad, x.sum(dim=(0, 1)).expand(8, 8))
+
+
+def test_a_linear_on_tokens_quantizes_grad_output_on_batch_by_output_blocks_at_each_token():
+    method, model = _dynasty_linear(8, (3, 8), 8, "method.grad_rounding=nearest")
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(8))  # 4-bit blocks keep the identity: the input's gradient is grad_output
+    x = torch.randn(8, 3, 8, requires_grad=True)
+    g = torch.ones(8, 3, 8)
+    g[0, 0, 0] = 1024.0  # its block (samples 0-3, outputs 0-3, token 0) steps by 2^(10 + 2 - 8) = 16: the ones there go to 0
+    (model(x) * g).sum().backward()
+    expected = torch.ones(8, 3, 8)
+    expected[0:4, 0, 0:4] = 0
+    expected[0, 0, 0] = 1024.0
+    assert torch.equal(x.grad, expected)
+
+
+def test_dynasty_trains_a_transformer_with_maps_that_differ_between_blocks():
+    from qtrain.methods import build_method
+    from qtrain.models import build_model
+
+    torch.manual_seed(0)
+    method = build_method(make_config("method=dynasty").method)
+    model = method.prepare(build_model("transformer", {"name": "transformer"}, vocab_size=50, layers=1, d_model=32,
+                                       heads=2, ffn=64, dropout=0.0, seq_len=16))
+    tokens = torch.randint(0, 50, (4, 16))
+    method.profile(model, tokens[:2])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    method.attach(optimizer, RunFacts(4, 1, 4))
+
+    def train(steps):
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            assert torch.isfinite(loss)
+            assert set(method.precision()) == set(method.layers)
+
+    train(3)
+    assert set(method.layers) == {"blocks.0.attention.qkv", "blocks.0.attention.out", "blocks.0.ffn1", "blocks.0.ffn2", "head"}
+    ffn2 = method.layers["blocks.0.ffn2"]  # input (4, 16, 64): 1 sample block x 16 channel blocks x 16 tokens
+    assert ffn2.act.dims == ffn2.grad.dims == (0, -1) and ffn2.weight.dims == (0, 1)
+    assert ffn2.act.map.shape == (16 * 16,) and ffn2.weight.map.shape == (8 * 16,)
+    method.end_epoch(0, {})
+    train(3)
+    for operand in ("weight", "act"):
+        maps = torch.cat([getattr(quant, operand).map for quant in method.layers.values()])
+        assert len(maps.unique()) > 1
+
+
+def test_a_batch_of_other_sequences_than_the_map_was_made_for_is_refused():
+    act = ActivationMap("nearest", 4, (0, -1))
+    act.batch_size = 8
+    act.compact(torch.randn(8, 3, 8))
+    act.compact(torch.randn(5, 3, 8))  # a smaller last batch: the map's first rows
+    with pytest.raises(ValueError, match=r"shape \(2, 8\) do not fit the activation map made for \(3, 8\)"):
+        act.compact(torch.randn(8, 2, 8))  # 2 tokens: the map's entries would land on other tokens

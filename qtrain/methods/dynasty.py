@@ -1,8 +1,11 @@
 """DYNASTY: block-wise dynamic-precision training (dynasty.txt; METHODS.md, "DYNASTY"). No public code exists.
 
 Sec. 3.1 (framework): every Conv2d/Linear trains on block floating point, 4 x 4 blocks with one
-shared exponent (:mod:`qtrain.quant.block_maps`). In each of the three GEMMs one operand has static
-8-bit mantissas and the other 0-8 bits per block from its bit-width map; a 0-bit block is skipped.
+shared exponent (:mod:`qtrain.quant.block_maps`): C_out x C_in for weights, batch x C_in for
+activations and batch x C_out for ``grad_output``, at each spatial position of a Conv2d and at each
+token of a Linear's (batch, tokens, C) input, tokens taking the place of spatial positions (the tiled
+dimensions are chosen per layer in :meth:`Dynasty.prepare`). In each of the three GEMMs one operand has
+static 8-bit mantissas and the other 0-8 bits per block from its bit-width map; a 0-bit block is skipped.
 Which operand is mapped: the weight in the forward and error GEMMs, the activation in the
 weight-gradient GEMM; ``grad_output`` is always the static one. The paper names the mapped operand
 of no stage; this follows from it: sensitivity (eq. 1 and the sentence after it) exists for weights
@@ -31,7 +34,7 @@ Where this departs from the paper or fills a gap it leaves:
 - A Transformer's attention products QK^T and attention x V (two activations, no weight) stay
   float32 and are charged so: the paper maps the weight in the forward and error GEMMs, and these
   have none (it trains CNNs only). Their Linear layers are mapped like any other, tokens taking the
-  place of spatial positions.
+  place of spatial positions: blocks of 4 sequences x 4 channels at each token.
 
 - Rounding modes are not in the paper: weights and activations round to nearest (half to even),
   gradients stochastically (``*_rounding``).
@@ -45,7 +48,7 @@ Where this departs from the paper or fills a gap it leaves:
 - Sensitivities are summed per micro-batch (the gradients of the loss that the micro-batch's backward
   divides by the accumulation steps), so weights and activations are measured alike.
 - An activation map covers one full batch (blocks of 4 samples x 4 channels at each spatial
-  position); a smaller last batch uses its first rows. The exponent is float32's (8 bits over the
+  position or token); a smaller last batch uses its first rows. The exponent is float32's (8 bits over the
   normal range; blocks below 2^-126 keep the subnormal grid).
 - See :mod:`qtrain.methods.dynasty_map` for Algorithm 1's computation weighting and edge cases.
 """
@@ -64,7 +67,7 @@ from qtrain.methods import dynasty_map
 from qtrain.methods.base import Method, RunFacts, check_choice, check_int, check_number
 from qtrain.methods.sbm import LAYER_PRECISIONS, float_ends
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
-from qtrain.quant.block_maps import BLOCK, DIMS, STATIC_BITS, ActivationMap, BlockMapped, Sensitivity, WeightMap
+from qtrain.quant.block_maps import BLOCK, STATIC_BITS, ActivationMap, BlockMapped, Sensitivity, WeightMap, operand_dims
 from qtrain.quant.formats import ROUNDINGS, tile_sums
 from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import BlockFloatingPoint
@@ -118,12 +121,13 @@ class Dynasty(Method):
         names = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
         keep_float = float_ends(cfg, names)
 
-        def quantizers(name: str, _layer: nn.Module) -> OperandQuantizers | None:
+        def quantizers(name: str, layer: nn.Module) -> OperandQuantizers | None:
             if name in keep_float:
                 return None
+            dims = operand_dims(layer)  # batch x channels of the activation and grad_output
             weight = WeightMap(cfg.weight_rounding, cfg.initial_bits)
-            act = ActivationMap(cfg.act_rounding, cfg.initial_bits)
-            grad = BlockFloatingPoint(STATIC_BITS, cfg.grad_rounding, block=BLOCK, dims=DIMS)
+            act = ActivationMap(cfg.act_rounding, cfg.initial_bits, dims)
+            grad = BlockFloatingPoint(STATIC_BITS, cfg.grad_rounding, block=BLOCK, dims=dims)
             return OperandQuantizers(weight=weight, act=act, grad=grad, observer=Sensitivity(weight, act))
 
         swapped = swap_layers(model, quantizers)
@@ -151,14 +155,13 @@ class Dynasty(Method):
         GEMMs (forward, error), an activation element in one (weight gradient)."""
         key = f"{name}/{operand}"
         if key not in self._computation:
-            layer = self.model.get_submodule(name)
+            layer, quant = self.model.get_submodule(name), self.layers[name]
             with torch.enable_grad():
-                x = torch.ones((self.batch_size, *self.layers[name].act.sample_shape), device=layer.weight.device,
-                               requires_grad=True)
+                x = torch.ones((self.batch_size, *quant.act.sample_shape), device=layer.weight.device, requires_grad=True)
                 w = torch.ones_like(layer.weight, requires_grad=True)
                 layer.gemm(x, w, None).sum().backward()
-            self._computation[f"{name}/weight"] = tile_sums(2 * w.grad, BLOCK, DIMS).double()
-            self._computation[f"{name}/act"] = tile_sums(x.grad, BLOCK, DIMS).double()
+            self._computation[f"{name}/weight"] = tile_sums(2 * w.grad, BLOCK, quant.weight.dims).double()
+            self._computation[f"{name}/act"] = tile_sums(x.grad, BLOCK, quant.act.dims).double()
         return self._computation[key]
 
     @staticmethod

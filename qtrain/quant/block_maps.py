@@ -1,9 +1,12 @@
 """Block floating point under a per-block bit-width map, with per-block sensitivities (DYNASTY Sec. 3.1-3.2).
 
 DYNASTY (dynasty.txt Sec. 3.1) cuts every training operand into 4 x 4 blocks that share one exponent,
-along C_in x C_out for weights (and their gradients) and C_in x batch for activations (each spatial
-position apart; the gradient w.r.t. a layer's output runs along C_out x batch). In each GEMM one
-operand has static 8-bit mantissas, the other 0-8 bits per block from a bit-width map:
+along C_out x C_in for weights (and their gradients; each kernel position apart) and batch x C_in for
+activations (each spatial position apart; the gradient w.r.t. a layer's output runs along batch x C_out).
+The tiled dimensions are each quantizer's ``dims``, chosen per layer by :func:`operand_dims`: a Conv2d's
+(N, C, H, W) tiles dimensions 0 and 1; a Linear's (N, ..., C) tiles 0 and -1, so that a Transformer's
+tokens (N, T, C) take the place of spatial positions (for a 2-D input the two are the same). In each GEMM
+one operand has static 8-bit mantissas, the other 0-8 bits per block from a bit-width map:
 
 - :class:`WeightMap` quantizes the weight by its map; the weight is the mapped operand of the
   forward and error GEMMs (whose other operands, the activation and ``grad_output``, are 8-bit);
@@ -16,12 +19,15 @@ operand has static 8-bit mantissas, the other 0-8 bits per block from a bit-widt
   (its magnitudes lie below it); a block of zeros has no quantization noise and sensitivity 0.
 
 A map is an int32 tensor with one entry per block, in the tile order of
-:func:`~qtrain.quant.formats.tile_view`; an activation map covers a full batch (a smaller batch uses
-its first rows). Maps and accumulators are plain attributes that the method sets, reads and saves.
+:func:`~qtrain.quant.formats.tile_view` over the quantizer's ``dims`` (the batch outermost for
+activations); an activation map covers a full batch (a smaller batch uses its first rows). Maps and
+accumulators are plain attributes that the method sets, reads and saves.
 Quantization runs on the blocks as one batched tensor computation on any device.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -31,14 +37,24 @@ from qtrain.quant.formats import Rounding
 from qtrain.quant.quantizers import Quantizer
 
 BLOCK = 4
-DIMS = (0, 1)  # weights: (C_out, C_in, ...); activations and gradients: (batch, C, ...)
+WEIGHT_DIMS = (0, 1)  # (C_out, C_in, ...): C_out x C_in blocks at each kernel position
 STATIC_BITS = 8
 
+Dims = tuple[int, int]
 
-def tile_count(x: torch.Tensor) -> int:
-    """How many 4 x 4 blocks ``x`` has (the length of its map)."""
-    a, b = x.shape[0], x.shape[1]
-    return -(-a // BLOCK) * -(-b // BLOCK) * (x[0, 0].numel())
+
+def operand_dims(layer: nn.Module) -> Dims:
+    """The dimensions that the blocks of ``layer``'s activation and ``grad_output`` span: batch x channels.
+
+    A Conv2d's (N, C, H, W): (0, 1), at each spatial position; a Linear's (N, ..., C): (0, -1), at each
+    index of the middle dimensions (a Transformer's tokens).
+    """
+    return (0, 1) if isinstance(layer, nn.Conv2d) else (0, -1)
+
+
+def tile_count(x: torch.Tensor, dims: Dims) -> int:
+    """How many 4 x 4 blocks over ``dims`` ``x`` has (the length of its map)."""
+    return math.prod(formats.tile_grid(x.shape, BLOCK, dims))
 
 
 def block_ranges(max_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,9 +73,9 @@ class BlockMapped(Quantizer):
     fmt = "block-fp-map"
     bits = STATIC_BITS  # the widest a block gets; the method's record carries the map's shares
 
-    def __init__(self, rounding: Rounding, initial_bits: int) -> None:
+    def __init__(self, rounding: Rounding, initial_bits: int, dims: Dims = WEIGHT_DIMS) -> None:
         super().__init__()
-        self.rounding, self.initial_bits = rounding, initial_bits
+        self.rounding, self.initial_bits, self.dims = rounding, initial_bits, dims
         self.map: torch.Tensor | None = None
         self.sensitivity: torch.Tensor | None = None
 
@@ -72,19 +88,19 @@ class BlockMapped(Quantizer):
 
     def accumulate(self, grad: torch.Tensor, exponent: torch.Tensor, nonzero: torch.Tensor) -> None:
         """Add eq. 1 of the blocks of ``grad`` (the gradient w.r.t. this operand) to the first accumulator rows."""
-        sums = formats.tile_square_sums(grad, BLOCK, DIMS)
+        sums = formats.tile_square_sums(grad, BLOCK, self.dims)
         self.sensitivity[: sums.shape[0]] += sensitivity(sums, exponent, nonzero)
 
     def extra_repr(self) -> str:
-        return f"block={BLOCK}, rounding={self.rounding}"
+        return f"block={BLOCK}, dims={self.dims}, rounding={self.rounding}"
 
 
 class WeightMap(BlockMapped):
     """The weight quantized per block by its map; remembers its last blocks' exponents for the sensitivity."""
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        self.allocate(tile_count(x), x.device)
-        out, max_abs = formats.tile_floating_point(x, self.map, self.rounding, BLOCK, DIMS)
+        self.allocate(tile_count(x, self.dims), x.device)
+        out, max_abs = formats.tile_floating_point(x, self.map, self.rounding, BLOCK, self.dims)
         self.last_range = block_ranges(max_abs)
         return out
 
@@ -92,31 +108,36 @@ class WeightMap(BlockMapped):
 class ActivationMap(BlockMapped):
     """The activation at 8 bits for the forward GEMM, and by its map for the weight-gradient GEMM.
 
-    ``batch_size`` (set before the first training step) sizes the map for a full batch.
+    ``batch_size`` (set before the first training step) sizes the map for a full batch; ``dims`` starts with
+    the batch (0), so the blocks of the first samples come first in the map.
     """
 
     batch_size: int = 0
+    sample_shape: tuple[int, ...] | None = None  # of the samples the map was made for (set by the first batch)
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.block_floating_point(x, STATIC_BITS, self.rounding, BLOCK, DIMS)
+        return formats.block_floating_point(x, STATIC_BITS, self.rounding, BLOCK, self.dims)
 
     def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         if bits is not None:
             raise ValueError("DYNASTY's activation map has no per-sample bit-widths")
-        rows = tile_count(x)
-        per_batch_block = rows // -(-x.shape[0] // BLOCK)  # blocks of one block of samples: C/4 x positions
-        self.allocate(-(-max(self.batch_size, x.shape[0]) // BLOCK) * per_batch_block, x.device)
+        sample_blocks, channel_blocks, positions = formats.tile_grid(x.shape, BLOCK, self.dims)
+        rows = sample_blocks * channel_blocks * positions
+        self.allocate(-(-max(self.batch_size, x.shape[0]) // BLOCK) * channel_blocks * positions, x.device)
         if self.map.shape[0] < rows:
             raise ValueError(f"a batch of {x.shape[0]} is larger than the {self.batch_size} the activation map was sized for")
-        self.sample_shape, self.last_rows = tuple(x.shape[1:]), rows
-        kept, max_abs = formats.tile_codes(x, self.map[:rows], self.rounding, BLOCK, DIMS)
-        static, _ = formats.tile_floating_point(x, STATIC_BITS, self.rounding, BLOCK, DIMS, max_abs)
+        sample_shape = tuple(x.shape[1:])
+        if self.sample_shape not in (None, sample_shape):  # the map's blocks would land on other positions
+            raise ValueError(f"samples of shape {sample_shape} do not fit the activation map made for {self.sample_shape}")
+        self.sample_shape, self.last_rows = sample_shape, rows
+        kept, max_abs = formats.tile_codes(x, self.map[:rows], self.rounding, BLOCK, self.dims)
+        static, _ = formats.tile_floating_point(x, STATIC_BITS, self.rounding, BLOCK, self.dims, max_abs)
         return static, (*kept, *block_ranges(max_abs))
 
     def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
         """The mapped activation, from its int8 codes and the blocks' steps (or as saved, where it held NaN or inf)."""
         kept = saved[:-2]
-        return formats.tile_decode(*kept, shape, DIMS) if len(kept) == 2 else kept[0]
+        return formats.tile_decode(*kept, shape, self.dims) if len(kept) == 2 else kept[0]
 
 
 class Sensitivity(nn.Module):

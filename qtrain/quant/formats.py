@@ -434,9 +434,21 @@ def tile_view(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)) -> tu
     return rest.reshape(na, block, nb, block, r), lambda y: _untile(y, x.shape, dims)
 
 
+def _moved_shape(shape: torch.Size, dims: tuple[int, int]) -> torch.Size:
+    """``shape`` with ``dims`` (negative ones counted from the end) moved to the front, the rest in order."""
+    dims = tuple(d % len(shape) for d in dims)
+    return torch.Size([shape[d] for d in dims]) + torch.Size(s for i, s in enumerate(shape) if i not in dims)
+
+
+def tile_grid(shape: torch.Size, block: int, dims: tuple[int, int] = (0, 1)) -> tuple[int, int, int]:
+    """``(na, nb, r)`` of :func:`tile_view` for a tensor of ``shape``: tiles along each of ``dims``, other indices."""
+    a, b, *rest = _moved_shape(shape, dims)
+    return -(-a // block), -(-b // block), math.prod(rest)
+
+
 def _untile(tiles: torch.Tensor, shape: torch.Size, dims: tuple[int, int]) -> torch.Tensor:
     """A ``(na, k, nb, k, r)`` tensor (:func:`tile_view`) back in the layout of a tensor of ``shape``."""
-    moved = torch.Size([shape[d] for d in dims]) + torch.Size(s for i, s in enumerate(shape) if i not in dims)
+    moved = _moved_shape(shape, dims)
     na, k, nb, _, r = tiles.shape
     return tiles.reshape(na * k, nb * k, r)[: moved[0], : moved[1]].reshape(moved).movedim((0, 1), dims)
 
