@@ -365,6 +365,8 @@ def validate(cfg: DictConfig) -> None:
     _require_int(cfg, "train.batch_size", 1)
     _require_int(cfg, "train.eval_batch_size", 1)
     _require_int(cfg, "train.accum_steps", 1)
+    if cfg.train.batches_per_epoch is not None:
+        _require_int(cfg, "train.batches_per_epoch", 1)
     _require_int(cfg, "seed", 0)
     for key in ("force", "progress", "fused"):
         _require_bool(cfg, key)

@@ -49,6 +49,7 @@ from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, gemm_layers, operand_sizes, to_target
 from qtrain.data import DATASETS, load_data
+from qtrain.data.base import Periods
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
 from qtrain.models import MODELS, build_model, check_model_config, model_task
@@ -332,6 +333,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     model = method.prepare(model).to(device)  # what prepare added (quantizer buffers, gates) joins the model's device
     rank, world = distributed.rank(), distributed.world_size()
     train_batches, test_batches = data.streams(cfg, device, rank, world)
+    if cfg.train.batches_per_epoch is not None:
+        train_batches = Periods(train_batches, cfg.train.batches_per_epoch)
     sample = train_batches.example(2)
     meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))
     optimizer = build_optimizer(cfg.optim, model)

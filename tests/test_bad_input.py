@@ -49,6 +49,10 @@ CASES = {
     "nan learning rate": (["optim.lr=nan"], None, "optim.lr=nan is not allowed: it must be a finite number > 0"),
     "infinite learning rate": (["optim.lr=inf"], None, "optim.lr=inf is not allowed: it must be a finite number > 0"),
     "no epochs": (["train.epochs=0"], None, "train.epochs=0 is not allowed: it must be an integer >= 1"),
+    "epochs of no batches": (["train.batches_per_epoch=0"], None,
+                             "train.batches_per_epoch=0 is not allowed: it must be an integer >= 1"),
+    "a transformer preset that does not exist": (["model=transformer", "model.preset=huge"], None,
+                                                 "model.preset='huge' is not allowed (choose from: base, small, tiny)"),
     "no training data": (["data.n_train=0"], None, "data.n_train=0 is not allowed: it must be an integer >= 1"),
     "no data root": (["data=cifar10"], None, "data.root is not set: pass data.root=DIR, the folder that holds the "
                                              "cifar10 files"),

@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from qtrain.data import BatchStream, load_data
+from qtrain.data.base import Periods
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import DataError
 
@@ -193,3 +194,27 @@ def test_fixed_size_sample_is_class_balanced_the_same_for_every_run_and_applies_
     half = load_data(make_config("data=digits", "data.subset={by: classes, part: 1}", "data.sample={train: 10, test: 5}").data)
     assert half.num_classes == 5 and torch.bincount(half.train.labels, minlength=5).tolist() == [2] * 5
     assert len(half.test) == 5
+
+
+def test_an_epoch_from_a_start_batch_is_the_tail_of_the_whole_epoch():
+    stream = _stream(make_synthetic_data(72, 8, 4, 3, 8, seed=0), crop_padding=2, flip=True)  # batches 16 x 4 + 8
+    whole = list(stream.epoch(2))
+    tail = list(stream.epoch(2, start=3))
+    assert len(whole) == 5 and len(tail) == 2
+    for (x, y), (x_tail, y_tail) in zip(whole[3:], tail):
+        assert torch.equal(x, x_tail) and torch.equal(y, y_tail)
+
+
+def test_periods_lay_the_passes_end_to_end_and_cut_them_into_epochs():
+    stream = _stream(make_synthetic_data(72, 8, 4, 3, 8, seed=0), crop_padding=2, flip=True)  # 5 batches a pass
+    passes = [batch for p in range(4) for batch in stream.epoch(p)]
+    sizes = [16, 16, 16, 16, 8] * 4
+    periods = Periods(stream, 4)
+    assert len(periods) == 4 and periods.samples == round(4 * 72 / 5)
+    for epoch in (2, 0, 3, 1):  # any epoch alone, in any order: batches 4 * epoch .. 4 * epoch + 3 of the passes
+        batches = list(periods.epoch(epoch))
+        assert len(batches) == 4
+        for i, (x, y) in enumerate(batches):
+            expected_x, expected_y = passes[4 * epoch + i]
+            assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
+            assert periods.global_size(i) == sizes[4 * epoch + i] == len(y)

@@ -77,6 +77,8 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     ["method=muppet", "method.resolution=2"],
     # bit-width maps and lambda carried over, and the lr warm-up killed halfway
     ["method=dynasty", "method.target_bits=2", "sched.warmup_epochs=2"],
+    # epochs of 3 batches over passes of 4: the kill falls where an epoch starts inside a pass
+    ["method=sbm", "train.batches_per_epoch=3"],
     # a language model: token batches, quantized attention, perplexity, a stage switch after epoch 1
     [*TINY_TEXT, "method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
 ])

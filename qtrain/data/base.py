@@ -8,6 +8,7 @@ of a multi-process run taking its slice of every global batch.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -34,8 +35,9 @@ class Stream(Protocol):
     def smallest_part(self) -> int:
         """The fewest samples a rank gets from any batch."""
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of epoch ``epoch`` (its order and augmentation depend only on the seed and ``epoch``)."""
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of epoch ``epoch`` from batch ``start`` on (order and augmentation depend only on the seed,
+        ``epoch`` and ``start``: batches before it are not loaded)."""
 
     @property
     def samples(self) -> int:
@@ -54,3 +56,44 @@ class Data(Protocol):
 
     def streams(self, cfg: DictConfig, device: torch.device, rank: int, world: int) -> tuple[Stream, Stream]:
         """The training and evaluation streams of the run ``cfg`` (its ``train``, ``data`` and ``model`` keys)."""
+
+
+class Periods:
+    """``stream`` cut into epochs of ``steps`` batches (``train.steps_per_epoch``), over the endless run of its passes.
+
+    Epoch ``e`` holds batches ``e * steps`` to ``(e + 1) * steps - 1`` of passes 0, 1, 2, ... of ``stream`` laid end
+    to end, so each epoch takes up where the last one stopped and depends only on the seed and ``e`` (a resumed run
+    sees the same batches). For training that a pass of the data is too long to cut into epochs (FracTrain's
+    Transformer trains 50,000 steps, half a pass of WikiText-103), or epochs as the reference code counts them.
+    """
+
+    def __init__(self, stream: Stream, steps: int) -> None:
+        self.stream, self.steps = stream, steps
+        self._first = 0  # the batch (counted over passes) that the epoch being read started at
+
+    def __len__(self) -> int:
+        return self.steps
+
+    @property
+    def samples(self) -> int:
+        """Samples per epoch: the stream's per batch, on average over a pass."""
+        return round(self.steps * self.stream.samples / len(self.stream))
+
+    def global_size(self, i: int) -> int:
+        return self.stream.global_size((self._first + i) % len(self.stream))
+
+    def smallest_part(self) -> int:
+        return self.stream.smallest_part()
+
+    def example(self, n: int) -> torch.Tensor:
+        return self.stream.example(n)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        per_pass = len(self.stream)
+        self._first = epoch * self.steps
+        at, end = self._first + start, self._first + self.steps
+        while at < end:
+            pass_, first = divmod(at, per_pass)
+            taken = min(per_pass - first, end - at)
+            yield from itertools.islice(self.stream.epoch(pass_, first), taken)
+            at += taken

@@ -116,28 +116,32 @@ class BatchStream:
         """The fewest samples a rank gets from any batch (the last batch may be short)."""
         return self.global_size(len(self) - 1) // self.world
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n, device = len(self.split), self.split.images.device
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(n, generator=gen).to(device) if self.train else torch.arange(n, device=device)
-        for start in range(0, n, self.batch_size):
-            batch = order[start:start + self.batch_size]
+        for i, first in enumerate(range(0, n, self.batch_size)):
+            batch = order[first:first + self.batch_size]
             part = rank_slice(len(batch), self.rank, self.world)  # the random draws below cover the whole batch
+            # every batch's draws are made, so that batches from ``start`` on are those of the whole epoch
+            p = self.crop_padding
+            shifts = [torch.randint(0, 2 * p + 1, (len(batch), 1), generator=gen)[part] for _ in "yx"] if p else None
+            flips = torch.rand(len(batch), generator=gen)[part] < 0.5 if self.flip else None
+            if i < start:
+                continue
             idx = batch[part]
             x = self.split.images[idx].to(torch.float32)
-            if self.crop_padding:
-                x = self._random_crop(x, gen, len(batch), part)
-            if self.flip:
-                flips = (torch.rand(len(batch), generator=gen)[part] < 0.5).to(device).view(-1, 1, 1, 1)
-                x = torch.where(flips, x.flip(3), x)
+            if shifts is not None:
+                x = self._crop(x, *(s.to(device) for s in shifts))
+            if flips is not None:
+                x = torch.where(flips.to(device).view(-1, 1, 1, 1), x.flip(3), x)
             yield (x - self.mean) * self.inv_std, self.split.labels[idx]
 
-    def _random_crop(self, x: torch.Tensor, gen: torch.Generator, size: int, part: slice) -> torch.Tensor:
+    def _crop(self, x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+        """Each image's window shifted by (dy, dx) in the image padded by ``crop_padding``."""
         b, _, h, w = x.shape
         p = self.crop_padding
         padded = F.pad(x, (p, p, p, p))
-        dy = torch.randint(0, 2 * p + 1, (size, 1), generator=gen)[part].to(x.device)
-        dx = torch.randint(0, 2 * p + 1, (size, 1), generator=gen)[part].to(x.device)
         rows = (dy + torch.arange(h, device=x.device)).view(b, 1, h, 1)
         cols = (dx + torch.arange(w, device=x.device)).view(b, 1, 1, w)
         batch = torch.arange(b, device=x.device).view(b, 1, 1, 1)

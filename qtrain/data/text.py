@@ -107,10 +107,10 @@ class TokenStream:
     def smallest_part(self) -> int:
         return self.rows // self.world
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for start in range(0, len(self) * self.seq_len, self.seq_len):
-            end = min(start + self.seq_len, self.columns - 1)
-            yield self.part[:, start:end], self.part[:, start + 1:end + 1]
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for first in range(start * self.seq_len, len(self) * self.seq_len, self.seq_len):
+            end = min(first + self.seq_len, self.columns - 1)
+            yield self.part[:, first:end], self.part[:, first + 1:end + 1]
 
     def example(self, n: int) -> torch.Tensor:
         """``n`` rows of ``seq_len`` tokens: the split's first tokens (repeated where it is shorter)."""
