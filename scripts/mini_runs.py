@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 
 
-def parser(description: str, out: str) -> argparse.ArgumentParser:
-    """The command line every miniature takes: --root, --out, --jobs, --report-only."""
+def parser(description: str, out: str, holds: str = "cifar-10-batches-py") -> argparse.ArgumentParser:
+    """The command line every miniature takes: --root (the folder that ``holds`` the data), --out, --jobs, --report-only."""
     args = argparse.ArgumentParser(description=description)
-    args.add_argument("--root", required=True, help="folder holding cifar-10-batches-py")
+    args.add_argument("--root", required=True, help=f"folder holding {holds}")
     args.add_argument("--out", default=out)
     args.add_argument("--jobs", type=int, default=1, help="runs trained at a time, sharing the cores")
     args.add_argument("--report-only", action="store_true", help="tabulate the runs as they stand, train nothing")
