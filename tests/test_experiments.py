@@ -92,9 +92,13 @@ def test_mini_shortens_the_schedule_in_proportion(experiment):
             assert abs(short / mini.train.epochs - full / paper.train.epochs) <= 1 / mini.train.epochs
     if paper.sched.name == "plateau":
         assert mini.sched.patience == round(paper.sched.patience * mini.train.epochs / paper.train.epochs)
-    assert mini.data.sample is not None  # a fixed class-balanced sample of the real data
-    assert (mini.train.batch_size, mini.train.accum_steps, mini.optim.lr) == \
-        (paper.train.batch_size, paper.train.accum_steps, paper.optim.lr)
+    if paper.sched.name == "inverse_sqrt":  # the warm-up the same share of the optimizer steps, to within a tenth
+        steps = {c: c.train.epochs * (c.train.batches_per_epoch or 195) for c in (paper, mini)}  # mini: 195 a pass
+        assert mini.sched.warmup_steps / steps[mini] == pytest.approx(paper.sched.warmup_steps / steps[paper], rel=0.1)
+    assert mini.data.sample is not None  # a fixed sample of the real data
+    # a language model's batch is rows of seq_len tokens: the same tokens a batch (the small model's shorter rows)
+    tokens = {c: c.train.batch_size * (c.model.seq_len if c.model.name == "transformer" else 1) for c in (paper, mini)}
+    assert (tokens[mini], mini.train.accum_steps, mini.optim.lr) == (tokens[paper], paper.train.accum_steps, paper.optim.lr)
 
 
 @pytest.fixture(scope="module")

@@ -173,23 +173,26 @@ def _per_run_lines(runs: list[Run], axes, x: str, y: str, scale_y: float = 1.0) 
 
 
 def accuracy_cost_plot(group: Group, out: Path) -> Path | None:
-    """Test accuracy against cumulative effective MACs and against each hardware model's cumulative time."""
+    """Test accuracy (a language model's: perplexity) against cumulative effective MACs and each hardware model's time."""
     xs = [("effective_macs", "cumulative effective MACs (float32-equivalent)")] + [
         (f"{model}_seconds", f"cumulative {name} time (s)") for model, name in HARDWARE]
     xs = [(x, name) for x, name in xs if any(x in run.metrics for run in group.runs)]
     if not xs:
         return None
+    language = any("test_ppl" in run.metrics for run in group.runs)
+    score, scale, what = ("test_ppl", 1.0, "test perplexity (lower is better)") if language else \
+        ("test_acc", 100.0, "test accuracy (%)")
     fig = Figure(figsize=(5.5 * len(xs), 4.4), layout="constrained")
     panels = []
     for i, (x, name) in enumerate(xs):
         axes = fig.add_subplot(1, len(xs), i + 1)
-        if not _per_run_lines(group.runs, axes, x, "test_acc", 100.0):
+        if not _per_run_lines(group.runs, axes, x, score, scale):
             return None
-        axes.set(xscale="log", xlabel=name, ylabel="test accuracy (%)")
+        axes.set(xscale="log", xlabel=name, ylabel=what, **({"yscale": "log"} if language else {}))
         axes.grid(alpha=0.3, which="both")
         panels.append(axes)
     _legend(fig, panels)
-    fig.suptitle(f"accuracy against training cost: {group.title}", fontsize=10)
+    fig.suptitle(f"{'perplexity' if language else 'accuracy'} against training cost: {group.title}", fontsize=10)
     return _save(fig, out / f"accuracy-cost-{group.slug}.png")
 
 
