@@ -38,7 +38,8 @@ LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau")
-FILE_DATASETS = ("cifar10", "cifar100", "mnist")  # the datasets read from data.root
+FILE_DATASETS = ("cifar10", "cifar100", "mnist", "imagenet", "imagefolder")  # the datasets read from data.root
+FOLDER_DATASETS = ("imagenet", "imagefolder")  # image folders: torchvision's transforms stand in for data.augment
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
 # (compiled kernels reorder float reductions) included.
@@ -274,8 +275,11 @@ def _validate_data(cfg: DictConfig) -> None:
     if data.name == "synthetic":
         for key, low in (("n_train", 1), ("n_test", 1), ("num_classes", 2), ("channels", 1), ("size", 1), ("seed", 0)):
             _require_int(cfg, f"data.{key}", low)
-    _require_int(cfg, "data.augment.crop_padding", 0)
-    _require_bool(cfg, "data.augment.flip")
+    if data.name in FOLDER_DATASETS:
+        _validate_folder(cfg)
+    else:
+        _require_int(cfg, "data.augment.crop_padding", 0)
+        _require_bool(cfg, "data.augment.flip")
     subset = data.subset
     if subset is not None and (not isinstance(subset, DictConfig) or set(subset.keys()) != {"by", "part"}
                                or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
@@ -286,6 +290,17 @@ def _validate_data(cfg: DictConfig) -> None:
                                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
         shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
         raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
+
+
+def _validate_folder(cfg: DictConfig) -> None:
+    _require_int(cfg, "data.image_size", 1)
+    _require_int(cfg, "data.workers", 0)
+    for key, low in (("mean", -math.inf), ("std", 0.0)):
+        values = cfg.data[key]
+        if not isinstance(values, ListConfig) or len(values) != 3 or not all(_is_number(v) and v > low for v in values):
+            bound = " > 0" if low == 0 else ""
+            raise ConfigError(f"data.{key}={_plain(values)!r} is not allowed: it must be a list of 3 numbers{bound}, "
+                              "one per RGB channel")
 
 
 def _validate_optim(cfg: DictConfig) -> None:

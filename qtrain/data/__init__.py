@@ -6,6 +6,7 @@ from omegaconf import DictConfig
 
 from qtrain.data.base import Data, Stream
 from qtrain.data.batches import BatchStream, ImageData, ImageSplit
+from qtrain.data.folder import load_folder
 from qtrain.data.subsets import take_sample, take_subset
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import ConfigError
@@ -15,6 +16,7 @@ from qtrain.task import CLASSIFICATION, Task
 DATASETS: dict[str, Task] = {
     "digits": CLASSIFICATION, "synthetic": CLASSIFICATION, "cifar10": CLASSIFICATION, "cifar100": CLASSIFICATION,
     "mnist": CLASSIFICATION,
+    "imagenet": CLASSIFICATION, "imagefolder": CLASSIFICATION,
 }
 
 
@@ -33,6 +35,8 @@ def _load(cfg: DictConfig) -> Data:
         return load_cifar(cfg.root, int(name[5:]))
     if name == "mnist":
         return load_mnist(cfg.root)
+    if name in ("imagenet", "imagefolder"):
+        return load_folder(name, cfg.root, cfg.image_size, cfg.mean, cfg.std, cfg.workers)
     raise ConfigError(f"unknown dataset {name!r} (choose from: {', '.join(DATASETS)})")
 
 

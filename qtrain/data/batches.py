@@ -38,6 +38,10 @@ class ImageSplit:
     def to(self, device: torch.device) -> ImageSplit:
         return ImageSplit(self.images.to(device), self.labels.to(device))
 
+    def take(self, index: torch.Tensor) -> ImageSplit:
+        """The images at ``index``, in its order."""
+        return ImageSplit(self.images[index], self.labels[index])
+
 
 @dataclass
 class ImageData:
