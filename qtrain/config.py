@@ -38,8 +38,9 @@ LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau", "inverse_sqrt")
-FILE_DATASETS = ("cifar10", "cifar100", "mnist", "wikitext2", "wikitext103", "corpus")  # the datasets read from data.root
 TEXT_DATASETS = ("text", "wikitext2", "wikitext103", "corpus")  # language-modelling corpora (qtrain/data/text.py)
+FOLDER_DATASETS = ("imagenet", "imagefolder")  # image folders: torchvision's transforms stand in for data.augment
+FILE_DATASETS = ("cifar10", "cifar100", "mnist", *FOLDER_DATASETS, "wikitext2", "wikitext103", "corpus")  # read from data.root
 TEXT_LEVELS = ("word", "char")
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
@@ -309,13 +310,27 @@ def _validate_images(cfg: DictConfig) -> None:
     if data.name == "synthetic":
         for key, low in (("n_train", 1), ("n_test", 1), ("num_classes", 2), ("channels", 1), ("size", 1), ("seed", 0)):
             _require_int(cfg, f"data.{key}", low)
-    _require_int(cfg, "data.augment.crop_padding", 0)
-    _require_bool(cfg, "data.augment.flip")
+    if data.name in FOLDER_DATASETS:
+        _validate_folder(cfg)
+    else:
+        _require_int(cfg, "data.augment.crop_padding", 0)
+        _require_bool(cfg, "data.augment.flip")
     subset = data.subset
     if subset is not None and (not isinstance(subset, DictConfig) or set(subset.keys()) != {"by", "part"}
                                or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
         shown = OmegaConf.to_container(subset) if isinstance(subset, DictConfig) else subset
         raise ConfigError(f"data.subset={shown} is not allowed: {{by: classes|samples, part: 0|1}} or null")
+
+
+def _validate_folder(cfg: DictConfig) -> None:
+    _require_int(cfg, "data.image_size", 1)
+    _require_int(cfg, "data.workers", 0)
+    for key, low in (("mean", -math.inf), ("std", 0.0)):
+        values = cfg.data[key]
+        if not isinstance(values, ListConfig) or len(values) != 3 or not all(_is_number(v) and v > low for v in values):
+            bound = " > 0" if low == 0 else ""
+            raise ConfigError(f"data.{key}={_plain(values)!r} is not allowed: it must be a list of 3 numbers{bound}, "
+                              "one per RGB channel")
 
 
 def _validate_optim(cfg: DictConfig) -> None:

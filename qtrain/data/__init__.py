@@ -8,6 +8,7 @@ from qtrain.config import TEXT_DATASETS
 from qtrain.data.base import Data, Stream
 from qtrain.data.batches import BatchStream, ImageData, ImageSplit
 from qtrain.data.embedded_text import pydoc_corpus
+from qtrain.data.folder import load_folder
 from qtrain.data.subsets import take_sample, take_subset
 from qtrain.data.text import TextData, TokenStream, first_tokens, read_corpus
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
@@ -17,7 +18,8 @@ from qtrain.task import CLASSIFICATION, LANGUAGE_MODEL, Task
 # Every dataset's task, known before anything is loaded (a model is checked against it in the preflight).
 DATASETS: dict[str, Task] = {
     "digits": CLASSIFICATION, "synthetic": CLASSIFICATION, "cifar10": CLASSIFICATION, "cifar100": CLASSIFICATION,
-    "mnist": CLASSIFICATION, **dict.fromkeys(TEXT_DATASETS, LANGUAGE_MODEL),
+    "mnist": CLASSIFICATION, "imagenet": CLASSIFICATION, "imagefolder": CLASSIFICATION,
+    **dict.fromkeys(TEXT_DATASETS, LANGUAGE_MODEL),
 }
 
 
@@ -40,6 +42,8 @@ def _load(cfg: DictConfig) -> Data:
         return load_cifar(cfg.root, int(name[5:]))
     if name == "mnist":
         return load_mnist(cfg.root)
+    if name in ("imagenet", "imagefolder"):
+        return load_folder(name, cfg.root, cfg.image_size, cfg.mean, cfg.std, cfg.workers)
     raise ConfigError(f"unknown dataset {name!r} (choose from: {', '.join(DATASETS)})")
 
 

@@ -23,6 +23,46 @@ def rank_slice(size: int, rank: int, world: int) -> slice:
     return slice(rank * size // world, (rank + 1) * size // world)
 
 
+class GlobalBatches:
+    """The global batches of a split of ``size`` samples, the order of an epoch, and each rank's part of a batch.
+
+    What every :class:`Stream` shares: batches of ``batch_size`` samples over all ranks (the last may be
+    short); the order of epoch ``e`` drawn from a generator seeded by (``seed``, ``e``) when ``shuffle``, else
+    the samples as they are; a stream goes on drawing the epoch's augmentation from that same generator.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> None:
+        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        self.rank, self.world = rank, world
+
+    def __len__(self) -> int:
+        return -(-self.size // self.batch_size)
+
+    @property
+    def samples(self) -> int:
+        return self.size
+
+    def global_size(self, i: int) -> int:
+        """How many samples batch ``i`` holds over all ranks."""
+        return min(self.batch_size, self.size - i * self.batch_size)
+
+    def smallest_part(self) -> int:
+        """The fewest samples a rank gets from any batch (the last batch may be short)."""
+        return self.global_size(len(self) - 1) // self.world
+
+    def order(self, epoch: int) -> tuple[torch.Tensor, torch.Generator]:
+        """Epoch ``epoch``'s order of the sample indices (on the CPU) and the generator that drew it."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(self.size, generator=gen) if self.shuffle else torch.arange(self.size)
+        return order, gen
+
+    def parts(self, order: torch.Tensor) -> Iterator[tuple[torch.Tensor, slice]]:
+        """Each global batch of ``order`` and the slice of it that is this rank's."""
+        for start in range(0, self.size, self.batch_size):
+            batch = order[start:start + self.batch_size]
+            yield batch, rank_slice(len(batch), self.rank, self.world)
+
+
 class Stream(Protocol):
     """The batches of one split. ``epoch(e)`` yields ``(inputs, targets)`` on the training device."""
 

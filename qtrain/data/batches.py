@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
-from qtrain.data.base import rank_slice
+from qtrain.data.base import GlobalBatches
 from qtrain.task import CLASSIFICATION, Task
 
 
@@ -37,6 +37,10 @@ class ImageSplit:
 
     def to(self, device: torch.device) -> ImageSplit:
         return ImageSplit(self.images.to(device), self.labels.to(device))
+
+    def take(self, index: torch.Tensor) -> ImageSplit:
+        """The images at ``index``, in its order."""
+        return ImageSplit(self.images[index], self.labels[index])
 
 
 @dataclass
@@ -75,7 +79,7 @@ def channel_stats(images: torch.Tensor, pixel_max: float) -> tuple[tuple[float, 
     return tuple(x.mean(1).tolist()), tuple(x.std(1).tolist())
 
 
-class BatchStream:
+class BatchStream(GlobalBatches):
     """Batches of one split: shuffled and augmented for training, in order for evaluation."""
 
     def __init__(
@@ -90,39 +94,21 @@ class BatchStream:
         rank: int = 0,
         world: int = 1,
     ) -> None:
-        self.split, self.batch_size, self.seed, self.train = split, batch_size, seed, train
-        self.rank, self.world = rank, world
+        super().__init__(len(split), batch_size, seed, train, rank, world)
+        self.split = split
         self.crop_padding, self.flip = (crop_padding, flip) if train else (0, False)
         device = split.images.device
         channels = data.image_shape[0]
         self.mean = torch.tensor(data.mean, device=device).view(1, channels, 1, 1) * data.pixel_max
         self.inv_std = 1.0 / (torch.tensor(data.std, device=device).view(1, channels, 1, 1) * data.pixel_max)
 
-    def __len__(self) -> int:
-        return -(-len(self.split) // self.batch_size)
-
-    @property
-    def samples(self) -> int:
-        return len(self.split)
-
     def example(self, n: int) -> torch.Tensor:
         return self.split.images[:n].float()  # profiling reads shapes only: no normalization needed
 
-    def global_size(self, i: int) -> int:
-        """How many samples batch ``i`` holds over all ranks."""
-        return min(self.batch_size, len(self.split) - i * self.batch_size)
-
-    def smallest_part(self) -> int:
-        """The fewest samples a rank gets from any batch (the last batch may be short)."""
-        return self.global_size(len(self) - 1) // self.world
-
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        n, device = len(self.split), self.split.images.device
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(n, generator=gen).to(device) if self.train else torch.arange(n, device=device)
-        for i, first in enumerate(range(0, n, self.batch_size)):
-            batch = order[first:first + self.batch_size]
-            part = rank_slice(len(batch), self.rank, self.world)  # the random draws below cover the whole batch
+        device = self.split.images.device
+        order, gen = self.order(epoch)
+        for i, (batch, part) in enumerate(self.parts(order.to(device))):  # the random draws below cover the whole batch
             # every batch's draws are made, so that batches from ``start`` on are those of the whole epoch
             p = self.crop_padding
             shifts = [torch.randint(0, 2 * p + 1, (len(batch), 1), generator=gen)[part] for _ in "yx"] if p else None

@@ -10,65 +10,79 @@ Halves, for FracTrain's adaptation and fine-tuning settings (FracTrain Sec. 4.5,
 A sample (``{train: N, test: M}``, taken after the halves) keeps N training and M test images, class-balanced:
 each class gets N // classes of them and the first N % classes classes one more (a class with fewer
 keeps all it has). The images are a fixed random choice, the same for every run, like the sample halves.
+
+The choice is made on a split's labels alone (the indices it keeps, in their order), so images in memory
+(:class:`~qtrain.data.batches.ImageSplit`) and image files on disk (:class:`~qtrain.data.folder.FileSplit`)
+are cut alike: each split kind only takes the rows at those indices.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 from omegaconf import DictConfig
 
 from qtrain.data.batches import ImageData, ImageSplit
+from qtrain.data.folder import FileSplit, FolderData
 from qtrain.errors import ConfigError
 
 SPLIT_SEED = 0  # the sample split must not follow the run's seed: pre-training and retraining share it
 
-
-def _class_range(split: ImageSplit, lo: int, hi: int) -> ImageSplit:
-    keep = (split.labels >= lo) & (split.labels < hi)
-    return ImageSplit(split.images[keep], split.labels[keep] - lo)
+SplitT = TypeVar("SplitT", ImageSplit, FileSplit)
+DataT = TypeVar("DataT", ImageData, FolderData)
 
 
-def _sample_half(split: ImageSplit, part: int) -> ImageSplit:
+def class_range(labels: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The indices of the samples of classes ``lo`` to ``hi - 1``."""
+    return ((labels >= lo) & (labels < hi)).nonzero().flatten()
+
+
+def sample_half(labels: torch.Tensor, part: int) -> torch.Tensor:
+    """The indices of half ``part`` (0: the larger half of an odd class) of every class, a fixed random choice."""
     generator = torch.Generator().manual_seed(SPLIT_SEED)
     chosen = []
-    for label in split.labels.unique(sorted=True).tolist():
-        members = (split.labels == label).nonzero().flatten()
+    for label in labels.unique(sorted=True).tolist():
+        members = (labels == label).nonzero().flatten()
         members = members[torch.randperm(len(members), generator=generator)]
         half = (len(members) + 1) // 2
         chosen.append(members[:half] if part == 0 else members[half:])
-    index = torch.cat(chosen).sort().values
-    return ImageSplit(split.images[index], split.labels[index])
+    return torch.cat(chosen).sort().values
 
 
-def _balanced(split: ImageSplit, size: int, num_classes: int) -> ImageSplit:
+def balanced(labels: torch.Tensor, size: int, num_classes: int) -> torch.Tensor:
+    """The indices of a fixed class-balanced random sample of ``size`` samples."""
     generator = torch.Generator().manual_seed(SPLIT_SEED)
     chosen = []
     for label in range(num_classes):
-        members = (split.labels == label).nonzero().flatten()
+        members = (labels == label).nonzero().flatten()
         members = members[torch.randperm(len(members), generator=generator)]
         chosen.append(members[:size // num_classes + (label < size % num_classes)])
-    index = torch.cat(chosen).sort().values
-    return ImageSplit(split.images[index], split.labels[index])
+    return torch.cat(chosen).sort().values
 
 
-def take_sample(data: ImageData, sample: DictConfig | None) -> ImageData:
+def _class_range(split: SplitT, lo: int, hi: int) -> SplitT:
+    part = split.take(class_range(split.labels, lo, hi))
+    return replace(part, labels=part.labels - lo)
+
+
+def take_sample(data: DataT, sample: DictConfig | None) -> DataT:
     """``data`` itself, or the class-balanced sample of ``sample.train`` and ``sample.test`` images of its splits."""
     if sample is None:
         return data
-    return replace(data, train=_balanced(data.train, sample.train, data.num_classes),
-                   test=_balanced(data.test, sample.test, data.num_classes))
+    return replace(data, train=data.train.take(balanced(data.train.labels, sample.train, data.num_classes)),
+                   test=data.test.take(balanced(data.test.labels, sample.test, data.num_classes)))
 
 
-def take_subset(data: ImageData, subset: DictConfig | None) -> ImageData:
+def take_subset(data: DataT, subset: DictConfig | None) -> DataT:
     """``data`` itself, or the half of it that ``subset`` ({by, part}) names."""
     if subset is None:
         return data
     if subset.by not in ("classes", "samples") or subset.part not in (0, 1):
         raise ConfigError(f"data.subset={dict(subset)} is not allowed: by is classes or samples, part is 0 or 1")
     if subset.by == "samples":
-        return replace(data, train=_sample_half(data.train, subset.part))
+        return replace(data, train=data.train.take(sample_half(data.train.labels, subset.part)))
     half = data.num_classes // 2
     lo, hi = (0, half) if subset.part == 0 else (half, data.num_classes)
     return replace(data, train=_class_range(data.train, lo, hi), test=_class_range(data.test, lo, hi), num_classes=hi - lo)
