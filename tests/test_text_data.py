@@ -85,11 +85,16 @@ def test_batches_are_rows_of_running_text_with_targets_shifted_by_one():
     assert TokenStream(torch.arange(5), rows=1, seq_len=4).example(2).tolist() == [[0, 1, 2, 3], [4, 0, 1, 2]]
 
 
-def test_training_batches_are_whole_sequences_the_short_tail_left_out():
+def test_training_batches_are_whole_sequences_in_an_order_drawn_per_epoch():
     stream = TokenStream(torch.arange(100, 123), rows=2, seq_len=4, whole_batches=True)
     assert [x.tolist() for x, _ in stream.epoch(0)] == [[[100, 101, 102, 103], [111, 112, 113, 114]],
                                                          [[104, 105, 106, 107], [115, 116, 117, 118]]]
     assert len(stream) == 2 and stream.samples == 4
+    shuffled = TokenStream(torch.arange(1000), rows=2, seq_len=4, whole_batches=True, seed=7)
+    firsts = {e: [x[0, 0].item() for x, _ in shuffled.epoch(e)] for e in range(3)}
+    assert sorted(firsts[0]) == list(range(0, 496, 4))  # every whole sequence of the first row, once
+    assert firsts[0] != firsts[1] != firsts[2] and firsts[1] == [x[0, 0].item() for x, _ in shuffled.epoch(1)]
+    assert [x[0, 0].item() for x, _ in shuffled.epoch(1, start=5)] == firsts[1][5:]
     with pytest.raises(DataError, match=r"holds 9 tokens, too few for 2 rows of at least 5 tokens \(lower "
                                         r"train.batch_size or model.seq_len\)$"):
         TokenStream(torch.arange(9), rows=2, seq_len=4, whole_batches=True)
@@ -110,7 +115,7 @@ def test_rank_slices_cover_each_global_batch_exactly():
 def test_streams_take_the_batch_sizes_and_context_length_of_the_run(tmp_path):
     _write(tmp_path, "{}.txt", train="a b c d e f g h i j\n", test="a b c d e\n")
     data = read_corpus(tmp_path, "corpus")
-    cfg = OmegaConf.create({"train": {"batch_size": 2, "eval_batch_size": 3}, "model": {"seq_len": 3}})
+    cfg = OmegaConf.create({"train": {"batch_size": 2, "eval_batch_size": 3}, "model": {"seq_len": 3}, "seed": 0})
     train, test = data.streams(cfg, torch.device("cpu"), 0, 1)
     assert [x.shape for x, _ in train.epoch(0)] == [(2, 3)]  # 2 rows of 11 // 2 = 5 tokens: one whole sequence of 3
     assert [x.tolist() for x, _ in test.epoch(0)] == [[[2], [4], [6]]]  # 6 test tokens: 3 rows of 2

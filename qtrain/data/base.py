@@ -99,7 +99,7 @@ class Data(Protocol):
 
 
 class Periods:
-    """``stream`` cut into epochs of ``steps`` batches (``train.steps_per_epoch``), over the endless run of its passes.
+    """``stream`` cut into epochs of ``steps`` batches (``train.batches_per_epoch``), over the endless run of its passes.
 
     Epoch ``e`` holds batches ``e * steps`` to ``(e + 1) * steps - 1`` of passes 0, 1, 2, ... of ``stream`` laid end
     to end, so each epoch takes up where the last one stopped and depends only on the seed and ``e`` (a resumed run

@@ -62,7 +62,7 @@ class TextData:
         ``model.seq_len`` tokens long (the trainer evaluates on the test split)."""
         seq_len = cfg.model.seq_len
         return (TokenStream(self.train.to(device), cfg.train.batch_size, seq_len, rank, world,
-                            f"training split of {self.name}", "train.batch_size", whole_batches=True),
+                            f"training split of {self.name}", "train.batch_size", whole_batches=True, seed=cfg.seed),
                 TokenStream(self.test.to(device), cfg.train.eval_batch_size, seq_len, rank, world,
                             f"test split of {self.name}", "train.eval_batch_size"))
 
@@ -73,23 +73,27 @@ class TokenStream:
     The split's tokens are cut into ``rows`` rows of ``len // rows`` consecutive tokens (the remainder dropped);
     batch ``i`` holds columns ``[i*T, i*T+T)`` of every row as inputs and ``[i*T+1, i*T+T+1)`` as targets, the
     last batch shorter where the columns run out. A sample is a row: a batch holds ``rows`` samples over all ranks
-    and each rank takes its :func:`~qtrain.data.base.rank_slice` of the rows. Every epoch gives the same batches,
-    in order: each row is one stretch of running text, read from start to end.
+    and each rank takes its :func:`~qtrain.data.base.rank_slice` of the rows. Without a ``seed`` (evaluation)
+    every epoch gives the batches in order: each row is one stretch of running text, read from start to end.
 
-    With ``whole_batches`` (training) the short last batch is left out, so every batch is ``seq_len`` tokens long:
+    For training, ``whole_batches`` leaves the short last batch out, so every batch is ``seq_len`` tokens long:
     the cost meter charges each row the MACs profiled on a full sequence (attention's grow as its square), and
-    DYNASTY's activation maps are laid out for one sequence length.
+    DYNASTY's activation maps are laid out for one sequence length; and a ``seed`` shuffles the order of the
+    batches in every epoch (drawn from (seed, epoch)), so that consecutive steps do not read adjacent text. A
+    Transformer carries nothing from one batch to the next, so nothing is lost by it (fairseq shuffles its
+    blocks too); each batch stays contiguous text.
     """
 
     def __init__(self, tokens: torch.Tensor, rows: int, seq_len: int, rank: int = 0, world: int = 1,
-                 what: str = "split", key: str = "train.batch_size", whole_batches: bool = False) -> None:
+                 what: str = "split", key: str = "train.batch_size", whole_batches: bool = False,
+                 seed: int | None = None) -> None:
         columns = len(tokens) // rows
         needed = seq_len + 1 if whole_batches else 2
         if columns < needed:
             raise DataError(f"the {what} holds {len(tokens)} tokens, too few for {rows} rows of at least {needed} tokens "
                             f"(lower {key}{' or model.seq_len' if whole_batches else ''})")
         self.tokens, self.rows, self.seq_len, self.columns, self.world = tokens, rows, seq_len, columns, world
-        self.whole_batches = whole_batches
+        self.whole_batches, self.seed = whole_batches, seed
         self.part = tokens[:rows * columns].view(rows, columns)[rank_slice(rows, rank, world)]
 
     def __len__(self) -> int:
@@ -108,7 +112,10 @@ class TokenStream:
         return self.rows // self.world
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for first in range(start * self.seq_len, len(self) * self.seq_len, self.seq_len):
+        order = (torch.randperm(len(self), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+                 if self.seed is not None else torch.arange(len(self)))
+        for batch in order[start:].tolist():
+            first = batch * self.seq_len
             end = min(first + self.seq_len, self.columns - 1)
             yield self.part[:, first:end], self.part[:, first + 1:end + 1]
 

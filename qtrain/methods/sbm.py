@@ -14,7 +14,10 @@ first and last Conv2d/Linear are quantized unless ``first_layer``/``last_layer``
 Batch norm stays float32. Range BatchNorm is not implemented (off in FracTrain's baselines too).
 A Transformer's attention products QK^T and attention x V (:class:`~qtrain.quant.layers.MatMul`) are
 quantized too, both operands like activations at the FW bits (the weight's bits for the second) and
-``grad_output`` like any gradient: FracTrain quantizes "all the GEMMs" and names no exception.
+``grad_output`` like any gradient (FracTrain quantizes its Transformer and names no exception; which
+GEMMs it quantized there is qtrain's reading). Both of their gradients flow back to earlier layers,
+so both take the error path's bits: Banner's wider weight-gradient path is for weight gradients, and
+a MatMul has no weight.
 
 The same quantizers serve PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use
 when (:func:`range_linear_quantizers`, :func:`check_range_linear`).
@@ -75,8 +78,8 @@ def range_linear_quantizers(bits: Bits, cfg: DictConfig, layer: nn.Module | None
     A :class:`~qtrain.quant.layers.MatMul`'s second operand, in the weight's place, is an activation:
     it is quantized like one (the batch's range, a running range for evaluation) at the weight bits.
     """
-    bifurcated = bits.grad_weight != bits.grad
     second_is_activation = isinstance(layer, MatMul)
+    bifurcated = bits.grad_weight != bits.grad and not second_is_activation
     return OperandQuantizers(
         weight=(RangeLinear(int(bits.weight), cfg.act_range, "nearest", momentum=float(cfg.act_momentum))
                 if second_is_activation else RangeLinear(int(bits.weight), "channel", "nearest")),

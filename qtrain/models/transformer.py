@@ -1,10 +1,12 @@
 """A decoder-only Transformer language model (Vaswani et al., 2017; FracTrain Sec. 4.1, appendix D).
 
 Token embedding scaled by sqrt(d_model) plus the fixed sinusoidal position encoding, dropout, then
-``layers`` blocks of causal multi-head self-attention and a ReLU feed-forward network, each followed
-by dropout, the residual sum and LayerNorm (the paper's post-norm order), and a linear projection to
-the vocabulary. The input and output embeddings are not tied, so the output projection is a GEMM of
-its own that a method quantizes like any Linear (the embedding is a table lookup, not a GEMM).
+``layers`` blocks of causal multi-head self-attention and a ReLU feed-forward network, each sublayer's
+output followed by dropout, the residual sum and LayerNorm (Vaswani's Sec. 5.4 dropout and post-norm
+order; no dropout on the attention weights or inside the feed-forward network, as there), and the
+projection to the vocabulary that shares the embedding's weights (Sec. 3.4), without bias. The
+projection is a GEMM that a method quantizes like any Linear; the embedding is a table lookup of the
+same float32 master weights, not a GEMM. Linear layers keep torch's initialization (the paper gives none).
 
 Every GEMM is a module the cost profile sees and a method can quantize: the query/key/value and
 output projections and the two feed-forward layers (``nn.Linear``), and the two products of
@@ -56,21 +58,20 @@ def sinusoids(length: int, d_model: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+    def __init__(self, d_model: int, heads: int) -> None:
         super().__init__()
         self.heads, self.d_head = heads, d_model // heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.scores = MatMul()
         self.mix = MatMul()
         self.out = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.d_head).permute(2, 0, 3, 1, 4)
         scores = self.scores(q * self.d_head ** -0.5, k.transpose(-2, -1))  # (b, heads, t, t)
         future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        weights = self.dropout(scores.masked_fill(future, float("-inf")).softmax(-1))
+        weights = scores.masked_fill(future, float("-inf")).softmax(-1)
         mixed = self.mix(weights, v)  # (b, heads, t, d_head)
         return self.out(mixed.transpose(1, 2).reshape(b, t, d))
 
@@ -78,7 +79,7 @@ class CausalSelfAttention(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, d_model: int, heads: int, ffn: int, dropout: float) -> None:
         super().__init__()
-        self.attention = CausalSelfAttention(d_model, heads, dropout)
+        self.attention = CausalSelfAttention(d_model, heads)
         self.norm1 = nn.LayerNorm(d_model)
         self.ffn1 = nn.Linear(d_model, ffn)
         self.ffn2 = nn.Linear(ffn, d_model)
@@ -87,7 +88,7 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.dropout(self.attention(x)))
-        return self.norm2(x + self.dropout(self.ffn2(self.dropout(F.relu(self.ffn1(x))))))
+        return self.norm2(x + self.dropout(self.ffn2(F.relu(self.ffn1(x)))))
 
 
 class TransformerLM(nn.Module):
@@ -119,7 +120,8 @@ class TransformerLM(nn.Module):
         self.register_buffer("positions", sinusoids(seq_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(DecoderBlock(d_model, heads, ffn, dropout) for _ in range(layers))
-        self.head = nn.Linear(d_model, vocab_size)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # shared (Sec. 3.4): one parameter, in the optimizer once
         nn.init.normal_(self.embed.weight, std=d_model ** -0.5)  # unit-variance inputs once scaled by sqrt(d)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
