@@ -189,3 +189,13 @@ def test_a_model_for_another_task_or_a_method_that_cannot_apply_is_refused_befor
     with pytest.raises(ConfigError, match=message):
         run(make_config(*overrides), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_both_gradients_of_attention_take_the_error_paths_bits_under_banners_bifurcation():
+    method = build_method(make_config("method=sbm", "method.grad_bits=8", "method.grad_weight_bits=16").method)
+    model = method.prepare(_model())
+    record = method.precision()
+    attention, linear = model.blocks[0].attention.scores, model.blocks[0].attention.qkv
+    assert attention.quant.grad_weight is None and linear.quant.grad_weight.bits == 16
+    assert record["blocks.0.attention.scores"].options[0][1] == Bits(8, 8, 8, 8)
+    assert record["blocks.0.attention.qkv"].options[0][1] == Bits(8, 8, 8, 16)
