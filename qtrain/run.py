@@ -393,7 +393,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
             **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
         })
         row = progress.history[-1]
-        score = "ppl" if data.task.score == "test_ppl" else "acc"
+        score = data.task.score.removeprefix("test_")
         log.info("epoch %d/%d  train loss %.4f  %s %.4f | test loss %.4f  %s %.4f | cost %.2f%% of float32 | %.1fs",
                  row["epoch"], cfg.train.epochs, row["train_loss"], score, row[f"train_{score}"], row["test_loss"],
                  score, row[f"test_{score}"], row["percent_of_float32"], row["epoch_seconds"])
