@@ -133,3 +133,37 @@ def test_every_run_reports_both_models_and_its_time_to_target(tmp_path):
     assert summary["hardware"]["to_target"]["epoch"] == 1
     assert math.isclose(summary["hardware"]["to_target"]["bit_serial_seconds"], models["bit_serial"]["seconds"] / 2,
                         rel_tol=0.05)
+
+
+def test_an_attention_product_moves_its_second_operand_per_sample_in_the_weights_place():
+    from qtrain.cost.hardware import price_layer
+    from qtrain.quant.layers import MatMul
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scores = MatMul()
+
+        def forward(self, q):
+            return self.scores(q, q.transpose(-2, -1))  # (batch, heads, T, d) x (batch, heads, d, T)
+
+    sizes = operand_sizes(Attention(), torch.zeros(3, 2, 5, 4))
+    assert sizes == {"scores": OperandSizes(2 * 4 * 5, 2 * 5 * 4, 2 * 5 * 5, weight_per_sample=True)}
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self):
+            self.seen = []
+
+        def gemm(self, options, macs, elements):
+            self.seen.append(elements)
+            return 0.0, 0.0
+
+        def layer_overhead(self, fmt, macs):
+            return 0.0, 0.0
+
+    recorder = Recorder()
+    price_layer(recorder, LayerPrecision.uniform(Bits(8, 8, 8, 8), "range-linear"), 200, sizes["scores"], samples=6)
+    a, b, out = 6 * 40, 6 * 40, 6 * 50  # every operand scales with the samples: no weight is shared
+    assert recorder.seen == [(a, b, out), (out, b, a), (a, out, b)]

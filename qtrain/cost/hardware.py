@@ -36,7 +36,7 @@ def price_layer(model: HardwareModel, layer: LayerPrecision, macs: int, sizes: O
                 samples: int) -> tuple[float, float]:
     """(seconds, joules) of one step of ``samples`` samples through a layer's three GEMMs at ``layer``'s precision."""
     total = macs * samples
-    x, y, w = samples * sizes.inputs, samples * sizes.outputs, sizes.weight
+    x, y, w = samples * sizes.inputs, samples * sizes.outputs, sizes.weight * (samples if sizes.weight_per_sample else 1)
     elements = ((x, w, y), (y, w, x), (x, y, w))  # forward, error, weight gradient: (input side, weight side, output)
     seconds, joules = model.layer_overhead(layer.fmt, total)
     for g in range(3):

@@ -44,11 +44,13 @@ def _macs_per_output(layer: nn.Module, inputs: tuple) -> int:
 class OperandSizes:
     """Elements of a layer's GEMM operands: the weight (per call), the input and the output (per sample).
 
-    A MatMul has no weight: both its operands count as its input."""
+    A MatMul's second operand, in the weight's place, is an activation: ``weight`` then counts it per
+    sample (``weight_per_sample``), and ``inputs`` counts the first operand."""
 
     weight: int
     inputs: int
     outputs: int
+    weight_per_sample: bool = False
 
 
 Observe = Callable[[nn.Module, tuple, torch.Tensor], dict[str, int]]
@@ -87,10 +89,17 @@ def profile_macs(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
 def operand_sizes(model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
     """:class:`OperandSizes` of each layer of :func:`gemm_layers`, summed over its calls in one forward."""
     def observe(layer: nn.Module, inputs: tuple, out: torch.Tensor) -> dict[str, int]:
+        if isinstance(layer, MatMul):
+            return {"weight": inputs[1].numel(), "inputs": inputs[0].numel(), "outputs": out.numel()}
         weight = sum(p.numel() for n, p in layer.named_parameters(recurse=False) if n.startswith("weight"))
         return {"weight": weight, "inputs": sum(t.numel() for t in inputs if torch.is_tensor(t)), "outputs": out.numel()}
 
     n = sample.shape[0]
     sums = _per_call(model, sample, observe)
-    return {name: OperandSizes(found.get("weight", 0), found.get("inputs", 0) // n, found.get("outputs", 0) // n)
-            for name, found in sums.items()}
+    layers = gemm_layers(model)
+    sizes = {}
+    for name, found in sums.items():
+        per_sample = isinstance(layers[name], MatMul)
+        weight = found.get("weight", 0) // n if per_sample else found.get("weight", 0)
+        sizes[name] = OperandSizes(weight, found.get("inputs", 0) // n, found.get("outputs", 0) // n, per_sample)
+    return sizes
