@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from mini_runs import machine, parser, train_all, write_results
+from mini_runs import add_savings_vs_sbm, machine, parser, train_all, turning_points, write_results
 
 RUNS_DIR = Path("outputs/fractrain_mini")
 EPOCHS, MILESTONES = 8, [6]
@@ -43,17 +43,13 @@ def row(method: str, setting: str, run_dir: Path) -> dict:
     """One table row from a run's metrics.csv (a run cut short shows the epochs it completed)."""
     metrics = pd.read_csv(run_dir / "metrics.csv")
     last = metrics.iloc[-1]
-    stages = ""
-    if "stage" in metrics:
-        turns = metrics.index[metrics["stage"].diff().fillna(0) > 0]
-        stages = " ".join(f"{int(metrics.epoch[i - 1])}" for i in turns) or "none"
     cp = metrics["cp"].round(2).astype(str).str.cat(sep="/") if "cp" in metrics else ""
     return {
         "method": method, "precision": setting, "epochs": f"{int(last.epoch)}/{EPOCHS}",
         "test_acc": round(100 * last.test_acc, 2), "best_test_acc": round(100 * metrics.test_acc.max(), 2),
         "effective_macs": f"{last.effective_macs:.3e}", "bit_macs": f"{1024 * last.effective_macs:.3e}",
         "percent_of_float32": round(last.percent_of_float32, 3),
-        "turning_points_after_epoch": stages, "cp_per_epoch": cp,
+        "turning_points_after_epoch": turning_points(metrics), "cp_per_epoch": cp,
         "median_epoch_s": round(metrics.epoch_seconds.median(), 1),
     }
 
@@ -65,9 +61,7 @@ def main() -> None:
                   f"train.epochs={EPOCHS}", "sched=multistep", f"sched.milestones=[{','.join(map(str, MILESTONES))}]"]
         train_all({m: [f"method={m}", *common, *extra] for m, (_, extra) in RUNS.items()}, RUNS_DIR, args.jobs)
     table = pd.DataFrame([row(method, setting, RUNS_DIR / method) for method, (setting, _) in RUNS.items()])
-    sbm = float(table.loc[table.method == "sbm", "percent_of_float32"].iloc[0])
-    table["savings_vs_sbm_percent"] = (100 * (1 - table["percent_of_float32"] / sbm)).round(1)
-    table.loc[table.method == "float32", "savings_vs_sbm_percent"] = None
+    add_savings_vs_sbm(table)
     described, threads_text = machine(RUNS_DIR / "sbm", args.jobs)
     command = f"python scripts/fractrain_mini.py --root DIR --jobs {args.jobs}"
     write_results(args.out, table, EPOCHS, "FracTrain in miniature: ResNet-20 on real CIFAR-10", (

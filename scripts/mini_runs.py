@@ -63,6 +63,21 @@ def machine(run_dir: Path, jobs: int) -> tuple[str, str]:
     return described, sharing
 
 
+def turning_points(metrics: pd.DataFrame) -> str:
+    """The epochs after which a staged method (PFQ, FracTrain) moved to its next stage ("none"; "" for no stages)."""
+    if "stage" not in metrics:
+        return ""
+    turns = metrics.index[metrics["stage"].diff().fillna(0) > 0]
+    return " ".join(f"{int(metrics.epoch[i - 1])}" for i in turns) or "none"
+
+
+def add_savings_vs_sbm(table: pd.DataFrame) -> None:
+    """Add ``savings_vs_sbm_percent``: each quantized run's cost saving over the SBM row's (none for float32)."""
+    sbm = float(table.loc[table.method == "sbm", "percent_of_float32"].iloc[0])
+    table["savings_vs_sbm_percent"] = (100 * (1 - table["percent_of_float32"] / sbm)).round(1)
+    table.loc[table.method == "float32", "savings_vs_sbm_percent"] = None
+
+
 def write_results(out: str, table: pd.DataFrame, epochs: int, heading: str, text: str) -> None:
     """Add ``epoch_time_x_float32``, then write ``<out>.csv`` and ``<out>.md`` (heading, text, the table) and print it.
 
