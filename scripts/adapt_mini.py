@@ -58,8 +58,8 @@ def row(method: str, setting: str, run_dir: Path) -> dict:
         "method": method, "setting": setting, "epochs": f"{int(last.epoch)}/{EPOCHS}",
         "test_acc": round(100 * last.test_acc, 2), "best_test_acc": round(100 * metrics.test_acc.max(), 2),
         "percent_of_float32": round(last.percent_of_float32, 3),
-        "SU": round(model["baselines"]["same"]["SU"], 3) if model else None,
-        "reference_SU1": round(model["reference_SU1"], 3) if model else None,
+        "SU1": round(model["baselines"]["same"]["SU"], 3) if model else None,
+        "SU1_printed": round(model["baselines"]["same"]["SU_printed"], 3) if model else None,
         "MEM": round(model["MEM"], 3) if model else None,
         "inference_SU": round(model["inference"]["SU"], 3) if model else None,
         "inference_SZ": round(model["inference"]["SZ"], 3) if model else None,
@@ -91,9 +91,9 @@ def main() -> None:
         f"L2 1e-8 in the loss, 4 buffer bits, the paper's lookback (25..100 steps), resolution (50..150) and "
         f"<8,4> start, PushDown over the whole range, KL tolerance 1e-3 bits.\n\n"
         f"`percent_of_float32`: FracTrain's cost (effective MACs of the three training GEMMs) over float32's. "
-        f"AdaPT's performance model (Sec. 4.1.2) for AdaPT and MuPPET: `SU` against float32 at the same batch, "
-        f"accumulation and epochs (SU1), `reference_SU1` the reference code's formula for it, `MEM` memory over "
-        f"float32's, `inference_SU`/`inference_SZ` as Table 6, sparsity as Table 5. `switches`: AdaPT's layer "
+        f"AdaPT's performance model (Sec. 4.1.2) for AdaPT and MuPPET: `SU1` against float32 at the same batch, "
+        f"accumulation and epochs (the reference code's formula, which Table 3 prints), `SU1_printed` Sec. 4.1.2's, "
+        f"`MEM` memory over float32's, `inference_SU`/`inference_SZ` as Table 6, sparsity as Table 5. `switches`: AdaPT's layer "
         f"format switches, MuPPET's word-length switches; `word_lengths`: AdaPT's range over layers at the end, "
         f"MuPPET's in order; `switch_seconds`: the time AdaPT spent in PushDown and PushUp. `median_epoch_s` is "
         f"the median epoch's wall time (training and evaluation) with {sharing}; `epoch_time_x_float32` "

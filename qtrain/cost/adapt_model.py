@@ -1,28 +1,48 @@
-"""AdaPT's analytical performance model (AdaPT paper Sec. 4.1.2, eqs. (6)-(9); Tables 3, 4 and 6).
+"""AdaPT's analytical performance model (AdaPT paper Sec. 4.1.2, eqs. (6)-(9); Tables 3-6).
 
 Per training step ``i`` (a forward and backward pass of one micro-batch) and layer ``l`` with ``ops_l``
-forward MACs per sample, word length ``WL`` and weight density ``sp`` (share of non-zero quantized
-weights):
+forward MACs per sample (qtrain's profile of the layers the method quantizes: Conv2d and Linear), word
+length ``WL`` and weight density ``sp`` (share of non-zero quantized weights):
 
-- training cost, eq. (8): ``ops_l * (sp * WL + 32 / accs)``: the forward pass at the layer's word
-  length on a sparse tensor, the backward pass in float32 with dense gradients, amortized over the
+- training cost, eq. (8): ``ops_l * (sp * WL + 32 / accs)`` per sample: the forward pass at the layer's
+  word length on a sparse tensor, the backward pass in float32 with dense gradients, amortized over the
   ``accs`` accumulation steps as the paper writes it;
-- AdaPT's overhead, eq. (9): ``32 * (sp * ops_pd + ops_pu) / (accs * lb)`` with the PushDown and PushUp
-  bounds of eqs. (6)-(7), ``ops_pd = 2 * log2(32 - 8) * r * 3 * numel`` and ``ops_pu = (lb + 1) * numel + 1``
-  (``r`` the layer's resolution, ``lb`` its lookback, ``numel`` its weight count);
+- AdaPT's overhead, eq. (9): ``32 * (sp * ops_pd + ops_pu) / (accs * lb)`` per micro-batch with the
+  PushDown and PushUp bounds of eqs. (6)-(7), ``ops_pd = 2 * log2(32 - 8) * r * 3 * numel`` and
+  ``ops_pu = (lb + 1) * numel + 1`` (``r`` the layer's resolution, ``lb`` its lookback, ``numel`` its
+  weight count): one switch's ``32 * (sp * ops_pd + ops_pu)`` spread over the ``lb`` optimizer steps
+  (``accs * lb`` micro-batches) between two switches. A switch acts on the weights once per optimizer
+  step, whatever the batch, so the overhead is *not* multiplied by the batch size: the printed
+  ``bs_ours * costs_ours`` would charge it once per sample (in a 10-epoch AlexNet run at batch 128 that
+  made it 5.6 times the training cost);
 - memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master; 32 alone where no quantized
   copy exists), averaged over steps;
 - model size: ``Σ_l sp * WL`` after the last step;
-- sparsity (Table 5): the share of zero weights over all layers (each weighted by its weight count)
-  after the last step, and its mean over steps.
+- sparsity (Table 5): the share of zero weights after the last step (``final``) and averaged over the
+  steps (``average``), each an unweighted mean over the layers' weight tensors as the reference computes
+  Table 5 (lorenz0890/AdaPT, ``utils/analytics.py`` averages the logged per-tensor shares; its logger,
+  ``utils/logging.py``, leaves the biases out); beside them
+  ``final_weighted`` and ``average_weighted`` weight each layer by its weight count (the share of all
+  the model's quantized weights).
 
-With ``ops`` in MACs per sample, as the paper writes it, a run's costs are its summed step costs
-times its batch size, ``SU = bs_other * costs_other / (bs_ours * costs_ours)``, the overhead multiplied
-by the batch size too, as the formula reads. A baseline (:class:`BaselineRun`) is float32 training
-(``WL = 32``, dense, no overhead) over the same training set for ``epochs`` epochs of ``ceil(N /
-batch_size)`` steps at its own batch size and accumulation; SU1 (the same batch, accumulation and
-epochs as ours), SU2 (a baseline adjusted for iso-accuracy: other epochs) and SU3 (MuPPET's baseline:
-batch 128, no accumulation, 150 epochs) of Tables 3-4 are each one baseline.
+Speedups, for a float32 baseline ``b`` (:class:`BaselineRun`: batch ``bs_b``, accumulation ``accs_b``,
+``E_b`` epochs over the same training set) against this run (``bs``, ``accs``, ``E`` epochs):
+
+- ``SU``, the figure Tables 3-4 print (reference code, ``utils/analytics.py``, ``su_own`` and
+  ``su_other``): ``SU = (E_b / E) * 64 / (x + 32 * (bs_b * accs_b) / (bs * accs))`` with
+  ``x = Σ_i Σ_l ops_l * sp * WL / Σ_i Σ_l ops_l``, the mean of ``sp * WL`` over the run's steps and
+  layers weighted by each layer's forward MACs, plus AdaPT's overhead per sample in the same unit
+  (``overhead_bits = costs_AdaPT / (bs * Σ_i Σ_l ops_l)``, also reported). With the run's own batch,
+  accumulation and epochs it is SU1, ``64 / (x + 32)``; with MuPPET's baseline (batch 128, no
+  accumulation, 150 epochs) it is SU3, ``(150 / E) * 64 / (x + 32 * 128 / (bs * accs))``, the
+  reference's ``epochs * 2 Σ fl32 / (Σ q + Σ fl32 * bs_ratio / accs)``. These fit all four published
+  AdaPT rows of Tables 3-4 within 2.5 % (tests/test_adapt_model.py). The reference weights ``x`` by its
+  own MAdds estimates and adds its overhead estimate per logged step into them (negligible beside its
+  MAdds); qtrain weights by profiled MACs and amortizes the overhead per sample as above.
+- ``SU_printed``, Sec. 4.1.2's formula: ``SU = bs_b * costs_b / (bs * costs_train + costs_AdaPT)``,
+  ``costs_b`` eq. (8) at 32 bits, dense, without overhead, over ``E_b * ceil(N / bs_b)`` steps.
+- SU2 (Table 3's iso-accuracy speedup) needs the float32 run's accuracy: ``qtrain-report`` computes it
+  from the AdaPT run and its float32 baseline run (:mod:`qtrain.report.paper`).
 
 ``MEM`` is this run's memory over float32 training's, which holds one 32-bit copy of each layer
 (``32 |L|``): above 1 where the quantized copy and the master cost more than float32 alone, as the
@@ -32,10 +52,6 @@ Tables 3-4 list it (1.41 to 1.66); Sec. 4.1.2 writes the quotient the other way.
 table lists (0.36 to 0.60); ``SZ`` beside ``MEM`` is Sec. 4.1.2's training-side ratio, float32's size over
 ours (``32 |L| / sz``). As the paper says, sizes and memory ignore tensor dimensions: they are
 relative measures between identical architectures only.
-
-The reference code (lorenz0890/AdaPT, ``utils/analytics.py``) prices its own-baseline speedup as
-``Σ 64 ops / Σ ops (sp * WL + 32)`` without accumulation or overhead, which is what Table 3's SU1
-(1.20 to 1.42) fits; it is reported beside the paper's SU as ``reference_SU1``.
 """
 
 from __future__ import annotations
@@ -107,23 +123,24 @@ def pushup_ops(lookback: int, numel: int) -> float:
 
 
 class PerformanceModel:
-    """Accumulates eqs. (8)-(9), memory and size over a run's steps; :meth:`report` gives SU, MEM, SZ."""
+    """Accumulates eqs. (8)-(9), memory, size and sparsity over a run's steps; :meth:`report` gives SU, MEM, SZ."""
 
     def __init__(self, ops: dict[str, int], numel: dict[str, int], accum_steps: int) -> None:
         if accum_steps < 1:
             raise ValueError(f"accum_steps={accum_steps} must be >= 1")
         self.ops, self.numel, self.accs = dict(ops), dict(numel), accum_steps
-        self.train_cost = 0.0  # Σ_i eq. (8)
-        self.reference_cost = 0.0  # Σ_i Σ_l ops (sp * WL + 32): the reference code's cost
+        self.train_cost = 0.0  # Σ_i eq. (8), per sample
+        self.reference_cost = 0.0  # Σ_i Σ_l ops (sp * WL + 32): the reference code's cost, per sample
         self.pushdown_cost = 0.0  # Σ_i eq. (9), its PushDown part
         self.pushup_cost = 0.0  # Σ_i eq. (9), its PushUp part
         self.memory_sum = 0.0  # Σ_i Σ_l (sp * WL + 32)
-        self.density_sum = 0.0  # Σ_i (share of non-zero weights over all layers)
+        self.density_sum = 0.0  # Σ_i (share of non-zero weights over all layers, each weighted by its weight count)
+        self.layer_density_sum = 0.0  # Σ_i (mean over layers of each one's share of non-zero weights)
         self.steps = 0
         self.last: dict[str, LayerState] = {}
 
     def add_step(self, layers: dict[str, LayerState]) -> None:
-        """Charge one step with every layer in the state ``layers`` gives."""
+        """Charge one step (a micro-batch) with every layer in the state ``layers`` gives."""
         train = reference = pushdown = pushup = memory = 0.0
         for name, ops in self.ops.items():
             state = layers[name]
@@ -140,12 +157,17 @@ class PerformanceModel:
         self.pushup_cost += pushup
         self.memory_sum += memory
         self.density_sum += self.density(layers)
+        self.layer_density_sum += self.layer_density(layers)
         self.steps += 1
         self.last = dict(layers)
 
     def density(self, layers: dict[str, LayerState]) -> float:
         """Share of non-zero weights over all the model's layers (each weighted by its weight count)."""
         return sum(layers[name].density * n for name, n in self.numel.items()) / sum(self.numel.values())
+
+    def layer_density(self, layers: dict[str, LayerState]) -> float:
+        """Mean over the layers of each one's share of non-zero weights (Table 5's, the reference's)."""
+        return sum(layers[name].density for name in self.numel) / len(self.numel)
 
     def model_size(self) -> float:
         """``sz = Σ_l sp * WL`` after the last step."""
@@ -157,28 +179,41 @@ class PerformanceModel:
         steps = baseline.epochs * math.ceil(samples_per_epoch / baseline.batch_size)
         return baseline.batch_size * steps * per_step
 
-    def report(self, batch_size: int, samples_per_epoch: int, baselines: dict[str, BaselineRun]) -> dict[str, Any]:
-        """The model's figures for a run at micro-batch ``batch_size``: costs, SU per baseline, MEM, inference SU/SZ."""
+    def report(self, batch_size: int, samples_per_epoch: int, epochs: float,
+               baselines: dict[str, BaselineRun]) -> dict[str, Any]:
+        """The model's figures for a run of ``epochs`` epochs at micro-batch ``batch_size``: costs, SU per
+        baseline (the reference's and Sec. 4.1.2's), MEM, sparsity, inference SU/SZ."""
         if not self.steps:
             return {}
-        ours = batch_size * (self.train_cost + self.pushdown_cost + self.pushup_cost)
+        overhead = self.pushdown_cost + self.pushup_cost  # per optimizer step: not times the batch
+        ours = batch_size * self.train_cost + overhead
+        op_steps = sum(self.ops.values()) * self.steps
+        x = self.reference_cost / op_steps - 32
+        overhead_bits = overhead / (batch_size * op_steps)
         memory = self.memory_sum / self.steps
         size = self.model_size()
         float32_size = 32.0 * len(self.ops)
         final_ops = sum(ops * self.last[name].density * self.last[name].wl for name, ops in self.ops.items())
+
+        def reference_su(b: BaselineRun) -> float:
+            backward = 32 * b.batch_size * b.accum_steps / (batch_size * self.accs)
+            return b.epochs / epochs * 64 / (x + overhead_bits + backward)
+
         return {
-            "train_cost": batch_size * self.train_cost,
-            "overhead_cost": batch_size * (self.pushdown_cost + self.pushup_cost),
-            "pushdown_cost": batch_size * self.pushdown_cost, "pushup_cost": batch_size * self.pushup_cost,
-            "steps": self.steps, "memory": memory, "model_size": size,
+            "train_cost": batch_size * self.train_cost, "overhead_cost": overhead,
+            "pushdown_cost": self.pushdown_cost, "pushup_cost": self.pushup_cost,
+            "steps": self.steps, "x": x, "overhead_bits": overhead_bits,
+            "memory": memory, "model_size": size,
             "MEM": memory / float32_size, "SZ": float32_size / size if size else math.inf,
-            "sparsity": {"final": 1 - self.density(self.last), "average": 1 - self.density_sum / self.steps},
+            "sparsity": {"final": 1 - self.layer_density(self.last),
+                         "average": 1 - self.layer_density_sum / self.steps,
+                         "final_weighted": 1 - self.density(self.last),
+                         "average_weighted": 1 - self.density_sum / self.steps},
             "baselines": {
                 name: {"batch_size": b.batch_size, "accum_steps": b.accum_steps, "epochs": b.epochs,
-                       "SU": self.baseline_cost(b, samples_per_epoch) / ours}
+                       "SU": reference_su(b), "SU_printed": self.baseline_cost(b, samples_per_epoch) / ours}
                 for name, b in baselines.items()
             },
-            "reference_SU1": 64 * sum(self.ops.values()) * self.steps / self.reference_cost,
             "inference": {"SU": 32 * sum(self.ops.values()) / final_ops if final_ops else math.inf,
                           "SZ": size / float32_size},
         }
@@ -186,11 +221,12 @@ class PerformanceModel:
     def state_dict(self) -> dict[str, Any]:
         return {"train_cost": self.train_cost, "reference_cost": self.reference_cost,
                 "pushdown_cost": self.pushdown_cost, "pushup_cost": self.pushup_cost, "memory_sum": self.memory_sum,
-                "density_sum": self.density_sum, "steps": self.steps,
+                "density_sum": self.density_sum, "layer_density_sum": self.layer_density_sum, "steps": self.steps,
                 "last": {name: [s.wl, s.density, s.lookback, s.resolution, s.quantized] for name, s in self.last.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_cost, self.reference_cost = state["train_cost"], state["reference_cost"]
         self.pushdown_cost, self.pushup_cost = state["pushdown_cost"], state["pushup_cost"]
         self.memory_sum, self.density_sum, self.steps = state["memory_sum"], state["density_sum"], state["steps"]
+        self.layer_density_sum = state["layer_density_sum"]
         self.last = {name: LayerState(*values) for name, values in state["last"].items()}

@@ -1,8 +1,8 @@
 """Pricing a run with AdaPT's performance model (AdaPT paper Sec. 4.1.2): the part AdaPT and MuPPET share.
 
 A method that mixes in :class:`PricedByPerformanceModel` names its quantized layers in ``layers``,
-calls :meth:`price_step` once per micro-batch with each layer's word length (and, for AdaPT, lookback
-and resolution), and gets the model's figures into summary.json through :meth:`performance_report`.
+calls :meth:`price_step` once per micro-batch with each layer's word length and weight density (and, for
+AdaPT, lookback and resolution), and gets the model's figures into summary.json through :meth:`performance_report`.
 The model itself is :mod:`qtrain.cost.adapt_model`; baselines come from ``method.performance_model``.
 """
 
@@ -44,7 +44,7 @@ class PricedByPerformanceModel(Method):
         if self.perf is None or self.facts is None:
             return {}
         baselines = resolve_baselines(self.cfg.performance_model, self.facts.batch_size, self.facts.accum_steps, epochs)
-        return self.perf.report(self.facts.batch_size, self.facts.samples_per_epoch, baselines)
+        return self.perf.report(self.facts.batch_size, self.facts.samples_per_epoch, epochs, baselines)
 
     def performance_state(self) -> dict[str, Any] | None:
         return self.perf.state_dict() if self.perf is not None else None
