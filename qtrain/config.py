@@ -320,6 +320,11 @@ def _validate_images(cfg: DictConfig) -> None:
                                or subset.by not in ("classes", "samples") or subset.part not in (0, 1)):
         shown = OmegaConf.to_container(subset) if isinstance(subset, DictConfig) else subset
         raise ConfigError(f"data.subset={shown} is not allowed: {{by: classes|samples, part: 0|1}} or null")
+    _require_int(cfg, "data.folds", 2)
+    fold = data.fold
+    if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < data.folds):
+        raise ConfigError(f"data.fold={fold!r} is not allowed: an integer from 0 to data.folds - 1 = {data.folds - 1}, "
+                          "or null (the whole training split)")
 
 
 def _validate_folder(cfg: DictConfig) -> None:

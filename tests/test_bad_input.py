@@ -61,6 +61,10 @@ CASES = {
     "sample without a test size": (["data.sample={train: 10}"], None,
                                    "data.sample={'train': 10} is not allowed: {train: N, test: M} with integers >= 1, "
                                    "or null"),
+    "fold past the last": (["data.fold=10"], None,
+                           "data.fold=10 is not allowed: an integer from 0 to data.folds - 1 = 9, or null (the whole "
+                           "training split)"),
+    "one fold": (["data.folds=1"], None, "data.folds=1 is not allowed: it must be an integer >= 2"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,

@@ -196,6 +196,43 @@ def test_fixed_size_sample_is_class_balanced_the_same_for_every_run_and_applies_
     assert len(half.test) == 5
 
 
+def _rows(images: torch.Tensor) -> list[tuple]:
+    return [tuple(x.flatten().tolist()) for x in images]
+
+
+def test_folds_partition_the_training_split():
+    full = load_data(make_config("data=digits").data)
+    assert len(set(_rows(full.train.images))) == len(full.train)  # the digits images are distinct: rows name them
+    everything = set(_rows(full.train.images))
+    held_out = []
+    for fold in range(10):
+        part = load_data(make_config("data=digits", f"data.fold={fold}", f"seed={fold}").data)
+        kept = set(_rows(part.train.images))
+        assert kept <= everything and len(kept) == len(part.train)
+        held_out.append(everything - kept)
+        assert torch.equal(part.test.images, full.test.images)  # every fold is tested on the whole test split
+        held = torch.tensor([label for row, label in zip(_rows(full.train.images), full.train.labels.tolist())
+                             if row in held_out[-1]])
+        counts = torch.bincount(held, minlength=10)
+        whole = torch.bincount(full.train.labels, minlength=10)
+        assert ((counts - whole // 10) >= 0).all() and ((counts - whole // 10) <= 1).all()  # a tenth of each class
+        assert len(held) == len(held_out[-1]) and len(part.train) == len(full.train) - len(held)
+    assert all(a.isdisjoint(b) for i, a in enumerate(held_out) for b in held_out[i + 1:])
+    assert set().union(*held_out) == everything
+    again = load_data(make_config("data=digits", "data.fold=3", "seed=7").data)  # the same fold in another run
+    assert torch.equal(again.train.images, load_data(make_config("data=digits", "data.fold=3").data).train.images)
+
+
+def test_folds_cut_the_sample_and_their_number_is_a_setting():
+    sample = load_data(make_config("data=digits", "data.sample={train: 50, test: 20}").data)
+    parts = [load_data(make_config("data=digits", "data.sample={train: 50, test: 20}", "data.folds=5",
+                                   f"data.fold={fold}").data) for fold in range(5)]
+    assert [len(p.train) for p in parts] == [40] * 5 and all(len(p.test) == 20 for p in parts)
+    rows = set(_rows(sample.train.images))
+    held = [rows - set(_rows(p.train.images)) for p in parts]
+    assert all(len(h) == 10 for h in held) and set().union(*held) == rows
+
+
 def test_an_epoch_from_a_start_batch_is_the_tail_of_the_whole_epoch():
     stream = _stream(make_synthetic_data(72, 8, 4, 3, 8, seed=0), crop_padding=2, flip=True)  # batches 16 x 4 + 8
     whole = list(stream.epoch(2))

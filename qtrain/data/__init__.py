@@ -9,7 +9,7 @@ from qtrain.data.base import Data, Stream
 from qtrain.data.batches import BatchStream, ImageData, ImageSplit
 from qtrain.data.embedded_text import pydoc_corpus
 from qtrain.data.folder import load_folder
-from qtrain.data.subsets import take_sample, take_subset
+from qtrain.data.subsets import take_fold, take_sample, take_subset
 from qtrain.data.text import TextData, TokenStream, first_tokens, read_corpus
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import ConfigError
@@ -24,12 +24,13 @@ DATASETS: dict[str, Task] = {
 
 
 def load_data(cfg: DictConfig) -> Data:
-    """Load the dataset that ``cfg`` (the ``data`` config group) names: images with the half that ``subset`` names
-    and their ``sample``, or a corpus (the embedded ``text``, else files under ``root``) and its ``sample``."""
+    """Load the dataset that ``cfg`` (the ``data`` config group) names: images with the half that ``subset`` names,
+    their ``sample`` and the training parts of cross-validation ``fold`` (of ``folds``), or a corpus (the embedded
+    ``text``, else files under ``root``) and its ``sample``."""
     if cfg.name in TEXT_DATASETS:
         root = pydoc_corpus() if cfg.name == "text" else cfg.root
         return first_tokens(read_corpus(root, cfg.name, cfg.level, cfg.min_count), cfg.sample)
-    return take_sample(take_subset(_load(cfg), cfg.subset), cfg.sample)
+    return take_fold(take_sample(take_subset(_load(cfg), cfg.subset), cfg.sample), cfg.fold, cfg.folds)
 
 
 def _load(cfg: DictConfig) -> Data:

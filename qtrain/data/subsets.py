@@ -1,4 +1,5 @@
-"""Parts of a dataset: FracTrain's halves (``data.subset``) and fixed-size samples (``data.sample``).
+"""Parts of a dataset: FracTrain's halves (``data.subset``), fixed-size samples (``data.sample``) and
+cross-validation folds (``data.fold`` of ``data.folds``).
 
 Halves, for FracTrain's adaptation and fine-tuning settings (FracTrain Sec. 4.5, appendix E):
 
@@ -10,6 +11,15 @@ Halves, for FracTrain's adaptation and fine-tuning settings (FracTrain Sec. 4.5,
 A sample (``{train: N, test: M}``, taken after the halves) keeps N training and M test images, class-balanced:
 each class gets N // classes of them and the first N % classes classes one more (a class with fewer
 keeps all it has). The images are a fixed random choice, the same for every run, like the sample halves.
+
+A fold (AdaPT's protocol, AdaPT paper Sec. 4.1.1 and lorenz0890/AdaPT, ``utils/cv.py``: 10 stratified folds,
+the best fold's test accuracy reported) cuts the training split, after the halves and the sample, into
+``folds`` parts, every class spread evenly over them (a fixed random order per class, the same for every run;
+parts differ by at most one sample per class); fold ``i`` trains on every part but part ``i``. The parts are
+disjoint and together make the whole split. The test split stays whole: each fold is evaluated on it, and
+``qtrain-report --aggregate best`` picks the best fold. ``fold: null`` (the default) trains on the whole
+split. The reference draws its folds afresh on every run (``StratifiedKFold(shuffle=True)``, no seed) and
+validates on the held-out part during training; qtrain does not use the held-out part.
 
 The choice is made on a split's labels alone (the indices it keeps, in their order), so images in memory
 (:class:`~qtrain.data.batches.ImageSplit`) and image files on disk (:class:`~qtrain.data.folder.FileSplit`)
@@ -62,6 +72,18 @@ def balanced(labels: torch.Tensor, size: int, num_classes: int) -> torch.Tensor:
     return torch.cat(chosen).sort().values
 
 
+def fold_out(labels: torch.Tensor, fold: int, folds: int) -> torch.Tensor:
+    """The indices of held-out part ``fold`` of ``folds``: each class's samples in a fixed random order, cut in
+    ``folds`` near-equal parts, part ``fold`` of every class."""
+    generator = torch.Generator().manual_seed(SPLIT_SEED)
+    chosen = []
+    for label in labels.unique(sorted=True).tolist():
+        members = (labels == label).nonzero().flatten()
+        members = members[torch.randperm(len(members), generator=generator)]
+        chosen.append(torch.tensor_split(members, folds)[fold])
+    return torch.cat(chosen).sort().values
+
+
 def _class_range(split: SplitT, lo: int, hi: int) -> SplitT:
     part = split.take(class_range(split.labels, lo, hi))
     return replace(part, labels=part.labels - lo)
@@ -86,3 +108,12 @@ def take_subset(data: DataT, subset: DictConfig | None) -> DataT:
     half = data.num_classes // 2
     lo, hi = (0, half) if subset.part == 0 else (half, data.num_classes)
     return replace(data, train=_class_range(data.train, lo, hi), test=_class_range(data.test, lo, hi), num_classes=hi - lo)
+
+
+def take_fold(data: DataT, fold: int | None, folds: int) -> DataT:
+    """``data`` itself, or ``data`` training on every part of ``folds`` but the held-out part ``fold``."""
+    if fold is None:
+        return data
+    keep = torch.ones(len(data.train.labels), dtype=torch.bool)
+    keep[fold_out(data.train.labels, fold, folds)] = False
+    return replace(data, train=data.train.take(keep.nonzero().flatten()))
