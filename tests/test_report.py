@@ -10,6 +10,7 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -39,12 +40,13 @@ def _method(name: str, **changes) -> dict:
 def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[float], *, seed: int = 0,
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
              method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
-             precision: list[dict] | None = None, metrics_extra: dict | None = None) -> Path:
+             precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None) -> Path:
     """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     config = {"method": _method(method, **(method_keys or {})), "model": {"name": model},
-              "data": {"name": data, **(data_keys or {})}, "seed": seed, "train": {"epochs": epochs, "batch_size": 128}}
+              "data": {"name": data, **(data_keys or {})}, "seed": seed,
+              "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}}
     metrics = pd.DataFrame({"epoch": range(1, len(accs) + 1), "test_acc": accs, "train_loss": [2.0 - a for a in accs],
                             "effective_macs": macs, **(metrics_extra or {})})
     metrics.to_csv(run_dir / "metrics.csv", index=False)
@@ -157,6 +159,68 @@ def test_a_relative_figure_takes_the_baseline_of_its_own_data_half(tmp_path):
     assert cells.loc[(improvement, "Adaptation / MACs")].ours == pytest.approx(100 * (1 - 1e12 / 8e12))  # at best epochs
     assert cells.loc[(improvement, "Adaptation / Acc (%)")].ours == pytest.approx(72.0 - 70.0)
     assert (improvement, "Fine-tuning / MACs") not in cells.index  # no FracTrain run on the fine-tuning half
+
+
+def test_best_of_picks_the_best_fold(tmp_path):
+    # AdaPT's protocol: every fold tested on the whole test split, the best fold's accuracy reported
+    adapt512 = {"batch_size": 512, "epochs": 100}
+    for fold, (acc, f32) in enumerate([(0.88, 0.89), (0.91, 0.87), (0.90, 0.90)]):
+        fake_run(tmp_path, f"a{fold}", "adapt", [0.5, acc], [1e9, 2e9], model="resnet20", data="cifar10",
+                 data_keys={"fold": fold}, train_keys=adapt512, epochs=100)
+        fake_run(tmp_path, f"f{fold}", "float32", [0.5, f32], [1e9, 2e9], model="resnet20", data="cifar10",
+                 data_keys={"fold": fold}, train_keys=adapt512, epochs=100)
+    frame = run_frame(find_runs([tmp_path]))
+    assert sorted(frame.fold) == [0, 0, 1, 1, 2, 2] and set(frame.config) == {""}  # folds share a row
+    best = summary_frame(frame, aggregate="best").set_index("method")
+    assert best.loc["adapt", "test_acc_mean"] == pytest.approx(91.0) and best.loc["adapt", "runs"] == 3
+    assert best.loc["float32", "test_acc_mean"] == pytest.approx(90.0) and math.isnan(best.loc["adapt", "test_acc_std"])
+    assert summary_frame(frame).set_index("method").loc["adapt", "test_acc_mean"] == pytest.approx(89.667, abs=1e-3)
+    cells = compare(find_runs([tmp_path]), "adapt_table2", aggregate="best")[0].set_index(["row", "column"])
+    assert cells.loc[("ResNet_AdaPT", "CIFAR10 / Quantized"), "ours"] == pytest.approx(91.0)
+    assert cells.loc[("ResNet_AdaPT", "CIFAR10 / Float32"), "ours"] == pytest.approx(90.0)
+    assert cells.loc[("ResNet_AdaPT", "CIFAR10 / ∆"), "ours"] == pytest.approx(91.0 - 90.0)  # best against best
+    mean = compare(find_runs([tmp_path]), "adapt_table2")[0].set_index(["row", "column"])
+    assert mean.loc[("ResNet_AdaPT", "CIFAR10 / Quantized"), "ours"] == pytest.approx(89.667, abs=1e-3)
+    with pytest.raises(ReportError, match="--aggregate median is not allowed"):
+        compare(find_runs([tmp_path]), "adapt_table2", aggregate="median")
+
+
+def _performance_model(su: float, printed: float, **sparsity: float) -> dict:
+    return {"adapt": {"performance_model": {"baselines": {"same": {"SU": su, "SU_printed": printed}},
+                                            "sparsity": sparsity}}}
+
+
+def test_su2_from_the_adapt_run_and_its_float32_baseline(tmp_path):
+    # AdaPT reaches float32's 89.5 % in its 3rd of 4 epochs: SU2 = SU1 / (3 / 4), each reading
+    train = {"batch_size": 512, "accum_steps": 4}
+    fake_run(tmp_path, "adapt", "adapt", [0.5, 0.8, 0.9, 0.91], [1, 2, 3, 4], model="resnet20", data="cifar10",
+             train_keys=train, epochs=4, summary_extra=_performance_model(1.2, 0.9, final=0.3, final_weighted=0.2))
+    fake_run(tmp_path, "float32", "float32", [0.6, 0.895], [1, 2], model="resnet20", data="cifar10",
+             train_keys=train, epochs=4)
+    # MuPPET's float32 baseline (batch 128) is not AdaPT's: its 95 % would never be reached
+    fake_run(tmp_path, "float32-128", "float32", [0.9, 0.95], [1, 2], model="resnet20", data="cifar10",
+             train_keys={"accum_steps": 1}, epochs=4)
+    cells = compare(find_runs([tmp_path]), "adapt_table3")[0].set_index(["row", "column"])
+    su2 = cells.loc[("ResNet_AdaPT", "CIFAR10 / SU2")]
+    assert su2.ours == pytest.approx(1.2 / 0.75) and su2.beside == pytest.approx(0.9 / 0.75)
+    assert su2.beside_is == "Sec. 4.1.2's formula"
+    assert cells.loc[("ResNet_AdaPT", "CIFAR10 / SU1")].ours == pytest.approx(1.2)
+    sparsity = compare(find_runs([tmp_path]), "adapt_table5")[0].set_index(["row", "column"])
+    final = sparsity.loc[("ResNet_CIFAR10", "Sparsity / Final Model")]
+    assert (final.ours, final.beside, final.beside_is) == (pytest.approx(0.3), pytest.approx(0.2), "weighted by weight count")
+    shown = report([str(tmp_path), "--paper", "adapt_table3"])
+    assert "1.2 (Sec. 4.1.2's formula)" in shown  # 0.9 / 0.75 beside 1.6
+    shutil.rmtree(tmp_path / "float32")
+    alone = compare(find_runs([tmp_path]), "adapt_table3")[0].set_index(["row", "column"])
+    assert math.isnan(alone.loc[("ResNet_AdaPT", "CIFAR10 / SU2")].ours)  # no float32 run of AdaPT's setting
+
+
+def test_su2_is_su1_where_the_float32_accuracy_is_never_reached(tmp_path):
+    fake_run(tmp_path, "adapt", "adapt", [0.5, 0.8], [1, 2], model="alexnet", data="cifar100",
+             summary_extra=_performance_model(1.3, 1.1))
+    fake_run(tmp_path, "float32", "float32", [0.6, 0.85], [1, 2], model="alexnet", data="cifar100")
+    cells = compare(find_runs([tmp_path]), "adapt_table4")[0].set_index(["row", "column"])
+    assert cells.loc[("AlexNet_AdaPT", "CIFAR100 / SU2")].ours == pytest.approx(1.3)
 
 
 def test_every_paper_table_reads_and_names_known_runs():

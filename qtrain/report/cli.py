@@ -1,5 +1,7 @@
 """``qtrain-report DIR...``: the runs under the given folders as markdown tables, and optionally as CSV,
-LaTeX, PNG plots and one HTML page; ``--paper`` sets published tables beside our figures.
+LaTeX, PNG plots and one HTML page; ``--paper`` sets published tables beside our figures. Runs that differ
+only in seed or cross-validation fold are one row: their mean ± std, or with ``--aggregate best`` the best
+run's figures (AdaPT's tables: the best of 10 folds, ``data.fold=0..9``).
 
 Errors are one line, ``qtrain-report: error: ...``, exit code 2, before anything is written.
 """
@@ -16,7 +18,7 @@ import pandas as pd
 from qtrain.errors import QtrainError
 from qtrain.report.paper import compare, paper_tables
 from qtrain.report.runs import ReportError, find_runs
-from qtrain.report.tables import CONFIG_COLUMNS, display_frame, run_frame, summary_frame
+from qtrain.report.tables import AGGREGATES, CONFIG_COLUMNS, display_frame, run_frame, summary_frame
 
 PAPERS = {"adapt": "AdaPT", "dynasty": "DYNASTY", "fractrain": "FracTrain"}
 
@@ -29,6 +31,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help=f"the row to compute savings against, e.g. method=sbm (keys: {', '.join(CONFIG_COLUMNS)})")
     parser.add_argument("--paper", nargs="+", default=[], metavar="TABLE",
                         help="published tables to compare with (e.g. fractrain_table3; 'all' for every one)")
+    parser.add_argument("--aggregate", default="mean", choices=AGGREGATES,
+                        help="over the seeds and folds of a configuration: mean ± std (default), or the figures of the "
+                             "run with the best final test accuracy (AdaPT's protocol: the best of 10 folds)")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="write the runs table (mean and std columns) as CSV")
     parser.add_argument("--latex", type=Path, metavar="FILE", help="write the runs table as a LaTeX tabular")
     parser.add_argument("--plots", type=Path, metavar="OUT", help="write the plots as PNG and report.html into OUT")
@@ -65,7 +70,8 @@ def _paper_frame(comparison: pd.DataFrame) -> pd.DataFrame:
                      for m, s in zip(shown.ours, shown.ours_std)]
     shown["difference"] = [f"{d:+.4g}" if not pd.isna(d) else "-" for d in shown.difference]
     shown["paper"] = [f"{p:.4g}" for p in shown.paper]
-    return shown.drop(columns="ours_std")
+    shown["beside"] = [f"{b:.4g} ({what})" if not pd.isna(b) else "" for b, what in zip(shown.beside, shown.beside_is)]
+    return shown.drop(columns=["ours_std", "beside_is"] + ([] if shown.beside.any() else ["beside"]))
 
 
 def _write_html(path: Path, sections: list[tuple[str, pd.DataFrame, str]], images: list[Path]) -> None:
@@ -87,12 +93,13 @@ def report(argv: list[str] | None = None) -> str:
     baseline = _selector(args.baseline)
     names = _paper_names(args.paper)
     runs = find_runs(args.dirs)
-    table = summary_frame(run_frame(runs), baseline)
-    sections = [(f"Runs ({len(runs)})", display_frame(table), "")]
+    table = summary_frame(run_frame(runs), baseline, args.aggregate)
+    best = " (each row: its best run)" if args.aggregate == "best" else ""
+    sections = [(f"Runs ({len(runs)}){best}", display_frame(table), "")]
     for name in names:
-        comparison, unmatched = compare(runs, name)
+        comparison, unmatched = compare(runs, name, args.aggregate)
         note = f"{unmatched} of the table's cells have no run here." if unmatched else ""
-        sections.append((f"{_title(name)}: paper and ours", _paper_frame(comparison), note))
+        sections.append((f"{_title(name)}: paper and ours{best}", _paper_frame(comparison), note))
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.latex:

@@ -4,11 +4,24 @@ Each CSV cell names the qtrain run that reproduces it (method, model, data and t
 ``setting``) and which figure it is (``metric``; the vocabulary is ``results/paper/README.md``'s). A cell
 is matched by every run of that method, model and data whose config holds each override of its
 setting, ``train.epochs`` excepted (a ``mini`` or ``smoke`` scale shortens training; ``smoke``'s synthetic data
-names the dataset it stands in for in ``data.stand_in_for``); the seeds' mean
-and standard deviation are shown beside the paper's figure, with the difference ours − paper.
+names the dataset it stands in for in ``data.stand_in_for``); the mean and standard deviation over its
+seeds and folds (``aggregate="mean"``), or the figure of its best run (``aggregate="best"``: highest final test
+accuracy) are shown beside the paper's figure, with the difference ours − paper. The AdaPT tables are the
+best of 10 cross-validation folds (lorenz0890/AdaPT, ``utils/cv.py``): runs with ``data.fold=0..9`` reported
+with ``aggregate="best"`` follow that protocol; the other papers' tables, and the mean, compare seeds.
 
 Figures relative to a baseline (``acc_drop``, the ``*_vs_sbm`` ones) use the table's own baseline cell:
-the float32 or SBM cell of the same model and data, in the same row where the table has one there.
+the float32 or SBM cell of the same model and data, in the same row where the table has one there. AdaPT's
+SU2 (``speedup_su2``) takes its float32 run from the report's runs instead (Table 3 has no float32 cell):
+the float32 runs of the same model and data, batch, accumulation and epochs, and the same data keys but the
+fold (so the same scale). It is the run's SU1 over the share of its epochs it took to first reach float32's
+final test accuracy (aggregated as the figures are; the whole run where it never does), as the reference
+computes it (``utils/analytics.py``: ``su_own / iso_acc`` against the float32 accuracy in its config; it
+logs the accuracy per validation batch, qtrain per epoch, so the share counts the epoch that reaches it).
+
+Some figures have a second reading shown beside ours (``beside``): Sec. 4.1.2's printed speedup formula
+beside the reference code's that the tables print, and the sparsity weighted by weight count beside
+Table 5's mean over tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from qtrain.report.runs import ReportError, Run
-from qtrain.report.tables import figure, run_frame
+from qtrain.report.tables import AGGREGATES, figure, run_frame, score
 
 HEADER = ["paper", "table", "row", "column", "value", "method", "model", "data", "setting", "metric"]
 UNMATCHED = ("train.epochs",)  # scales change the length of training, not which run a cell is
@@ -125,10 +138,13 @@ def _performance(*path: str) -> Callable[[Run], float | None]:
     return lambda run: _summary(run, run.method, "performance_model", *path)
 
 
-def _speedup_su3(run: Run) -> float | None:
+def _su3_baseline(run: Run) -> str:
     """SU3 is against MuPPET's float32 baseline: AdaPT's ``muppet`` baseline, MuPPET's own ``same`` one."""
-    baseline = "same" if run.method == "muppet" else "muppet"
-    return _summary(run, run.method, "performance_model", "baselines", baseline, "SU")
+    return "same" if run.method == "muppet" else "muppet"
+
+
+def _speedup(baseline: Callable[[Run], str], formula: str) -> Callable[[Run], float | None]:
+    return lambda run: _summary(run, run.method, "performance_model", "baselines", baseline(run), formula)
 
 
 # One run's figure, per metric of the paper tables' vocabulary (results/paper/README.md).
@@ -144,14 +160,25 @@ FIGURES: dict[str, Callable[[Run], float | None]] = {
     "epochs": lambda run: float(run.epochs),
     "batch_size": lambda run: float(run.get("train.batch_size")),
     "memory_ratio": _performance("MEM"),
-    "speedup_su1": _performance("baselines", "same", "SU"),
-    "speedup_su2": _performance("baselines", "iso", "SU"),
-    "speedup_su3": _speedup_su3,
+    "speedup_su1": _speedup(lambda run: "same", "SU"),
+    "speedup_su3": _speedup(_su3_baseline, "SU"),
     "final_sparsity": _performance("sparsity", "final"),
     "average_sparsity": _performance("sparsity", "average"),
     "inference_size_ratio": _performance("inference", "SZ"),
     "inference_speedup": _performance("inference", "SU"),
 }
+
+
+# A second reading of a figure shown beside ours: (what it is, how to read it from a run).
+BESIDE: dict[str, tuple[str, Callable[[Run], float | None]]] = {
+    "speedup_su1": ("Sec. 4.1.2's formula", _speedup(lambda run: "same", "SU_printed")),
+    "speedup_su3": ("Sec. 4.1.2's formula", _speedup(_su3_baseline, "SU_printed")),
+    "final_sparsity": ("weighted by weight count", _performance("sparsity", "final_weighted")),
+    "average_sparsity": ("weighted by weight count", _performance("sparsity", "average_weighted")),
+}
+# SU2 divides SU1 (either reading) by the share of the run that reached float32's accuracy (_iso_share).
+BESIDE["speedup_su2"] = BESIDE["speedup_su1"]
+SU2_FLOAT32_KEYS = ("train.batch_size", "train.accum_steps", "train.epochs", "train.batches_per_epoch")
 
 
 def _difference(ours: float, baseline: float) -> float:
@@ -191,10 +218,49 @@ def _baseline_cell(table: pd.DataFrame, cell: pd.Series) -> pd.Series | None:
     return chosen.iloc[0]
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    if not values:
+def _aggregate(found: list[tuple[Run, float]], aggregate: str) -> tuple[float, float]:
+    """Mean and standard deviation of the runs' values, or (``best``) the value of the best run and no spread."""
+    if not found:
         return math.nan, math.nan
+    if aggregate == "best":
+        return max(found, key=lambda pair: score(figure(pair[0], "test_acc"), figure(pair[0], "test_ppl")))[1], math.nan
+    values = [value for _, value in found]
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def _read(runs: list[Run], read: Callable[[Run], float | None]) -> list[tuple[Run, float]]:
+    return [(run, value) for run in runs if (value := read(run)) is not None]
+
+
+def _data_keys(run: Run) -> dict[str, Any]:
+    return {k: v for k, v in run.flat_config.items() if k.startswith("data.") and k not in ("data.root", "data.fold")}
+
+
+def float32_baselines(runs: list[Run], run: Run) -> list[Run]:
+    """The float32 runs ``run`` is measured against for SU2: same model and data, batch, accumulation, epochs,
+    and data keys but the fold."""
+    return [other for other in runs
+            if other.method == "float32" and other.status != "failed"
+            and (other.model, other.data) == (run.model, run.data) and _data_keys(other) == _data_keys(run)
+            and all(other.get(key) == run.get(key) for key in SU2_FLOAT32_KEYS)]
+
+
+def _iso_share(run: Run, target: float) -> float:
+    """The share of ``run``'s epochs up to the first whose test accuracy (%) reaches ``target``; 1 if none does."""
+    metrics = run.metrics
+    if metrics.empty or "test_acc" not in metrics or not run.epochs:
+        return 1.0
+    reached = (100.0 * metrics.test_acc >= target).to_numpy().nonzero()[0]
+    return (reached[0] + 1) / run.epochs if len(reached) else 1.0
+
+
+def _su2(runs: list[Run], aggregate: str, su1: Callable[[Run], float | None]) -> Callable[[Run], float | None]:
+    """SU2 of a run from its SU1 reading ``su1`` and its float32 baseline runs' accuracy, aggregated."""
+    def read(run: Run) -> float | None:
+        target, _ = _aggregate(_read(float32_baselines(runs, run), lambda r: figure(r, "test_acc")), aggregate)
+        value = su1(run)
+        return None if value is None or math.isnan(target) else value / _iso_share(run, target)
+    return read
 
 
 def _configs(runs: list[Run]) -> dict[Path, str]:
@@ -203,46 +269,67 @@ def _configs(runs: list[Run]) -> dict[Path, str]:
     return dict(zip((run.dir for run in runs), frame.config))
 
 
-def _ours(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series) -> list[dict[str, Any]]:
-    """One entry per training config among the runs matching ``cell``: our figures (one per seed) and the runs.
+def _reader(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series, config: str,
+            aggregate: str) -> Callable[[Run], float | None] | None:
+    """How to read ``cell``'s figure from one of our runs of training config ``config`` (None: no baseline to
+    measure it against). A relative figure takes its baseline from the runs of the baseline cell with that config."""
+    if cell.metric in FIGURES:
+        return FIGURES[cell.metric]
+    if cell.metric == "speedup_su2":
+        return _su2(runs, aggregate, FIGURES["speedup_su1"])
+    reference = _baseline_cell(table, cell) if cell.metric in RELATIVE else None
+    if reference is None:
+        return None
+    read, combine = FIGURES[reference.metric], RELATIVE[cell.metric][2]
+    base, _ = _aggregate(_read([run for run in matching(runs, reference) if configs[run.dir] == config], read),
+                         aggregate)
+    if math.isnan(base):
+        return None
+    return lambda run: None if (value := read(run)) is None else combine(value, base)
 
-    A relative figure takes its baseline from the runs of the baseline cell with the same training config.
-    """
+
+def _ours(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series,
+          aggregate: str) -> list[dict[str, Any]]:
+    """One entry per training config among the runs matching ``cell``: our figure and its spread, the figure
+    beside it where there is one, and how many runs there are."""
     groups: dict[str, list[Run]] = {}
     for run in matching(runs, cell):
         groups.setdefault(configs[run.dir], []).append(run)
-    reference = _baseline_cell(table, cell) if cell.metric in RELATIVE else None
     found = []
     for config, mine in groups.items():
-        values: list[float] = []
-        if cell.metric in FIGURES:
-            values = [v for v in map(FIGURES[cell.metric], mine) if v is not None]
-        elif reference is not None:
-            read, combine = FIGURES[reference.metric], RELATIVE[cell.metric][2]
-            base = [v for v in (read(run) for run in matching(runs, reference) if configs[run.dir] == config)
-                    if v is not None]
-            if base:
-                values = [combine(v, statistics.fmean(base)) for v in map(read, mine) if v is not None]
-        found.append({"config": config, "values": values, "runs": len(mine)})
+        read = _reader(runs, configs, table, cell, config, aggregate)
+        value, std = _aggregate(_read(mine, read), aggregate) if read else (math.nan, math.nan)
+        beside, what = math.nan, ""
+        if cell.metric in BESIDE:
+            what, other = BESIDE[cell.metric]
+            if cell.metric == "speedup_su2":
+                other = _su2(runs, aggregate, other)
+            beside = _aggregate(_read(mine, other), aggregate)[0]
+        found.append({"config": config, "ours": value, "ours_std": std, "beside": beside, "beside_is": what,
+                      "runs": len(mine)})
     return found
 
 
-def compare(runs: list[Run], name: str) -> tuple[pd.DataFrame, int]:
-    """The cells of paper table ``name`` that our runs reproduce: paper, ours (mean, std over seeds), difference.
+def compare(runs: list[Run], name: str, aggregate: str = "mean") -> tuple[pd.DataFrame, int]:
+    """The cells of paper table ``name`` that our runs reproduce: paper, ours (mean and std over seeds and folds,
+    or the best run's), the difference, and a second reading beside ours where a figure has one.
 
     A cell that runs of several training configs match gets a row per config. Returns the frame and the
     number of the table's cells that no run matched.
     """
+    if aggregate not in AGGREGATES:
+        raise ReportError(f"--aggregate {aggregate} is not allowed (choose from: {', '.join(AGGREGATES)})")
     table = load_table(name)
     configs = _configs(runs)
     rows, unmatched = [], 0
     for _, cell in table.iterrows():
-        found = _ours(runs, configs, table, cell)
+        found = _ours(runs, configs, table, cell, aggregate)
         unmatched += not found
         for entry in found:
-            mean, std = _stats(entry["values"])
             rows.append({"row": cell.row, "column": cell.column, "metric": cell.metric, "config": entry["config"],
-                         "paper": cell.value, "ours": mean, "ours_std": std, "difference": mean - cell.value,
-                         "runs": entry["runs"]})
-    columns = ["row", "column", "metric", "config", "paper", "ours", "ours_std", "difference", "runs"]
+                         "paper": cell.value, "ours": entry["ours"], "ours_std": entry["ours_std"],
+                         "difference": entry["ours"] - cell.value, "beside": entry["beside"],
+                         "beside_is": entry["beside_is"], "runs": entry["runs"]})
+    columns = ["row", "column", "metric", "config", "paper", "ours", "ours_std", "difference", "beside", "beside_is",
+               "runs"]
     return pd.DataFrame(rows, columns=columns), unmatched

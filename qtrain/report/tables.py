@@ -2,7 +2,10 @@
 
 A row's configuration is its method, model and data, its *setting* (the method's keys that differ from
 ``conf/method/<name>.yaml``) and its *config* (any other key that differs between the report's runs of the
-same model and data, such as epochs or lr). Runs that differ only in ``seed`` share a row.
+same model and data, such as epochs or lr). Runs that differ only in ``seed`` or in their cross-validation
+fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default), or the figures of the
+row's best run, the one of the highest final test accuracy (lowest perplexity) (``aggregate="best"``: AdaPT's
+protocol, the best of 10 folds, as the reference code reports its tables).
 Savings against a baseline compare effective MACs with the baseline's row of the same model and data.
 """
 
@@ -17,8 +20,9 @@ from omegaconf import OmegaConf
 
 from qtrain.report.runs import ReportError, Run, flatten
 
-# Keys that never make two runs different configurations (seeds are averaged; paths and plumbing change nothing).
-IGNORED = ("seed", "data.root", "train.init_from", "force", "progress", "device")
+# Keys that never make two runs different configurations (seeds and folds are aggregated; paths and plumbing
+# change nothing).
+IGNORED = ("seed", "data.fold", "data.root", "train.init_from", "force", "progress", "device")
 HARDWARE = (("bit_serial", "bit-serial"), ("bitfusion", "BitFusion"))
 # A run's figures (percentages in points), then the hardware models' cumulative seconds and joules.
 SCORES = ("test_acc", "best_test_acc", "test_ppl", "effective_macs", "percent_of_float32")
@@ -96,13 +100,29 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
         rows.append({
             "method": run.method, "model": run.model, "data": run.data, "setting": setting(run),
             "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None),
-            "seed": run.seed, "status": run.status,
+            "seed": run.seed, "fold": run.get("data.fold"), "status": run.status,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
         })
     return pd.DataFrame(rows)
 
 
 CONFIG_COLUMNS = ["method", "model", "data", "setting", "config"]
+AGGREGATES = ("mean", "best")
+
+
+def score(accuracy: float | None, perplexity: float | None) -> float:
+    """How good a run is, for picking the best: its final test accuracy, else its negated perplexity."""
+    for value, sign in ((accuracy, 1.0), (perplexity, -1.0)):
+        if value is not None and not math.isnan(value):
+            return sign * value
+    return -math.inf
+
+
+def best_of(runs: pd.DataFrame) -> pd.DataFrame:
+    """``run_frame`` cut to each configuration's best run (:func:`score`)."""
+    scores = [score(a, p) for a, p in zip(runs.test_acc, runs.test_ppl)]
+    ranked = runs.assign(_score=scores).sort_values("_score", ascending=False, kind="stable")
+    return ranked.drop_duplicates(CONFIG_COLUMNS).drop(columns="_score").sort_index()
 
 
 def _status(values: pd.Series) -> str:
@@ -110,14 +130,21 @@ def _status(values: pd.Series) -> str:
     return counts.index[0] if len(counts) == 1 else ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
-def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None) -> pd.DataFrame:
-    """``run_frame`` grouped by configuration: runs, status, epochs, each figure's mean and std over seeds.
+def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, aggregate: str = "mean") -> pd.DataFrame:
+    """``run_frame`` grouped by configuration: runs, status, epochs, each figure's mean and std over seeds and
+    folds (``aggregate="best"``: the best run's figures, std empty).
 
     ``baseline`` (``{"method": "sbm"}``, keys of the configuration columns) adds ``savings_mean``: 100·(1 − this
     row's effective MACs / the baseline row's) for the baseline row of the same model and data.
     """
+    if aggregate not in AGGREGATES:
+        raise ReportError(f"--aggregate {aggregate} is not allowed (choose from: {', '.join(AGGREGATES)})")
+    counts = runs.groupby(CONFIG_COLUMNS, sort=False, dropna=False).size()
+    if aggregate == "best":
+        runs = best_of(runs)
     grouped = runs.groupby(CONFIG_COLUMNS, sort=False, dropna=False)
     table = grouped.agg(runs=("status", "size"), status=("status", _status), epochs=("epochs", "max")).reset_index()
+    table["runs"] = [counts[key] for key in table[CONFIG_COLUMNS].itertuples(index=False, name=None)]
     for name in FIGURES:
         stats = grouped[name].agg(["mean", "std"]).reset_index(drop=True)
         table[f"{name}_mean"], table[f"{name}_std"] = stats["mean"].to_numpy(), stats["std"].to_numpy()
