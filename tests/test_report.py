@@ -40,13 +40,14 @@ def _method(name: str, **changes) -> dict:
 def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[float], *, seed: int = 0,
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
              method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
-             precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None) -> Path:
+             precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None,
+             optim_keys: dict | None = None) -> Path:
     """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     config = {"method": _method(method, **(method_keys or {})), "model": {"name": model},
               "data": {"name": data, **(data_keys or {})}, "seed": seed,
-              "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}}
+              "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}, "optim": optim_keys or {}}
     metrics = pd.DataFrame({"epoch": range(1, len(accs) + 1), "test_acc": accs, "train_loss": [2.0 - a for a in accs],
                             "effective_macs": macs, **(metrics_extra or {})})
     metrics.to_csv(run_dir / "metrics.csv", index=False)
@@ -183,6 +184,17 @@ def test_best_of_picks_the_best_fold(tmp_path):
     assert mean.loc[("ResNet_AdaPT", "CIFAR10 / Quantized"), "ours"] == pytest.approx(89.667, abs=1e-3)
     with pytest.raises(ReportError, match="--aggregate median is not allowed"):
         compare(find_runs([tmp_path]), "adapt_table2", aggregate="median")
+
+
+def test_adapts_drop_pairs_with_its_float32_run_of_another_weight_decay(tmp_path):
+    # adapt_cifar keeps L2 in AdaPT's loss (weight decay 0), adapt_float32 in the optimizer (1e-4): one setup
+    setup = {"model": "resnet20", "data": "cifar10", "train_keys": {"batch_size": 512}, "epochs": 100}
+    fake_run(tmp_path, "adapt", "adapt", [0.5, 0.905], [1, 2], optim_keys={"weight_decay": 0.0}, **setup)
+    fake_run(tmp_path, "float32", "float32", [0.5, 0.89], [1, 2], optim_keys={"weight_decay": 1e-4}, **setup)
+    fake_run(tmp_path, "float32-e50", "float32", [0.5, 0.5], [1, 2], optim_keys={"weight_decay": 1e-4},
+             **{**setup, "epochs": 50})  # another setup: not a baseline
+    cells = compare(find_runs([tmp_path]), "adapt_table2")[0].set_index(["row", "column"])
+    assert cells.loc[("ResNet_AdaPT", "CIFAR10 / ∆"), "ours"] == pytest.approx(90.5 - 89.0)
 
 
 def _performance_model(su: float, printed: float, **sparsity: float) -> dict:

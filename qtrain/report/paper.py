@@ -14,7 +14,9 @@ Figures relative to a baseline (``acc_drop``, the ``*_vs_sbm`` ones) use the tab
 the float32 or SBM cell of the same model and data, in the same row where the table has one there. AdaPT's
 SU2 (``speedup_su2``) takes its float32 run from the report's runs instead (Table 3 has no float32 cell):
 the float32 runs of the same model and data, batch, accumulation and epochs, and the same data keys but the
-fold (so the same scale). It is the run's SU1 over the share of its epochs it took to first reach float32's
+fold (so the same scale). That setup also pairs a relative figure with its baseline where no baseline run
+has the same training config (AdaPT's float32 runs put L2 in the optimizer's weight decay, AdaPT in its loss).
+SU2 is the run's SU1 over the share of its epochs it took to first reach float32's
 final test accuracy (aggregated as the figures are; the whole run where it never does), as the reference
 computes it (``utils/analytics.py``: ``su_own / iso_acc`` against the float32 accuracy in its config; it
 logs the accuracy per validation batch, qtrain per epoch, so the share counts the epoch that reaches it).
@@ -178,7 +180,7 @@ BESIDE: dict[str, tuple[str, Callable[[Run], float | None]]] = {
 }
 # SU2 divides SU1 (either reading) by the share of the run that reached float32's accuracy (_iso_share).
 BESIDE["speedup_su2"] = BESIDE["speedup_su1"]
-SU2_FLOAT32_KEYS = ("train.batch_size", "train.accum_steps", "train.epochs", "train.batches_per_epoch")
+SETUP_KEYS = ("train.batch_size", "train.accum_steps", "train.epochs", "train.batches_per_epoch")
 
 
 def _difference(ours: float, baseline: float) -> float:
@@ -236,13 +238,15 @@ def _data_keys(run: Run) -> dict[str, Any]:
     return {k: v for k, v in run.flat_config.items() if k.startswith("data.") and k not in ("data.root", "data.fold")}
 
 
+def _same_setup(run: Run, other: Run) -> bool:
+    """Same model and data, batch, accumulation, epochs, and data keys but the fold (so the same scale)."""
+    return ((other.model, other.data) == (run.model, run.data) and _data_keys(other) == _data_keys(run)
+            and all(other.get(key) == run.get(key) for key in SETUP_KEYS))
+
+
 def float32_baselines(runs: list[Run], run: Run) -> list[Run]:
-    """The float32 runs ``run`` is measured against for SU2: same model and data, batch, accumulation, epochs,
-    and data keys but the fold."""
-    return [other for other in runs
-            if other.method == "float32" and other.status != "failed"
-            and (other.model, other.data) == (run.model, run.data) and _data_keys(other) == _data_keys(run)
-            and all(other.get(key) == run.get(key) for key in SU2_FLOAT32_KEYS)]
+    """The float32 runs ``run`` is measured against for SU2: of the same setup (:func:`_same_setup`)."""
+    return [other for other in runs if other.method == "float32" and other.status != "failed" and _same_setup(run, other)]
 
 
 def _iso_share(run: Run, target: float) -> float:
@@ -269,10 +273,11 @@ def _configs(runs: list[Run]) -> dict[Path, str]:
     return dict(zip((run.dir for run in runs), frame.config))
 
 
-def _reader(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series, config: str,
+def _reader(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series, mine: list[Run],
             aggregate: str) -> Callable[[Run], float | None] | None:
-    """How to read ``cell``'s figure from one of our runs of training config ``config`` (None: no baseline to
-    measure it against). A relative figure takes its baseline from the runs of the baseline cell with that config."""
+    """How to read ``cell``'s figure from our runs ``mine``, of one training config (None: no baseline to measure
+    it against). A relative figure takes its baseline from the runs of the baseline cell with that config, else
+    (AdaPT's float32 runs put its L2 in the optimizer, AdaPT in its loss) those of the same setup."""
     if cell.metric in FIGURES:
         return FIGURES[cell.metric]
     if cell.metric == "speedup_su2":
@@ -281,8 +286,9 @@ def _reader(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell
     if reference is None:
         return None
     read, combine = FIGURES[reference.metric], RELATIVE[cell.metric][2]
-    base, _ = _aggregate(_read([run for run in matching(runs, reference) if configs[run.dir] == config], read),
-                         aggregate)
+    candidates = matching(runs, reference)
+    same = [run for run in candidates if configs[run.dir] == configs[mine[0].dir]]
+    base, _ = _aggregate(_read(same or [run for run in candidates if _same_setup(mine[0], run)], read), aggregate)
     if math.isnan(base):
         return None
     return lambda run: None if (value := read(run)) is None else combine(value, base)
@@ -297,7 +303,7 @@ def _ours(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: 
         groups.setdefault(configs[run.dir], []).append(run)
     found = []
     for config, mine in groups.items():
-        read = _reader(runs, configs, table, cell, config, aggregate)
+        read = _reader(runs, configs, table, cell, mine, aggregate)
         value, std = _aggregate(_read(mine, read), aggregate) if read else (math.nan, math.nan)
         beside, what = math.nan, ""
         if cell.metric in BESIDE:
