@@ -1,6 +1,6 @@
 """MuPPET: multi-precision policy enforced training (Rajagopal et al., ICML 2020).
 
-As summarised in the AdaPT paper (Sec. 2.2) and METHODS.md, "MuPPET". Every Conv2d/Linear computes
+As summarised in the AdaPT paper (Sec. 2.2), and as its reference code runs it. Every Conv2d/Linear computes
 on dynamic fixed point (:func:`qtrain.quant.formats.dynamic_fixed_point`): a word length ``WL``
 global to the network, and one power-of-two scale per tensor, recomputed from the tensor each time it
 is quantized (as the reference code does, every batch), separately for the weight, the activation
@@ -22,6 +22,7 @@ per-layer formula). The largest Δs since the last switch is tracked; where Δs 
 Δs`` is compared with ``T(e) = 1 + 1.5 exp(-0.1 e)`` (e the 0-based epoch) and ``p > T(e)`` counts a
 violation; the ``patience``-th violation (not necessarily consecutive) switches to the next word
 length and resets the maximum and the count. A stage thus lasts at least ``(patience + 1) r`` epochs.
+On several processes each rounds its own copy of the (averaged) gradients; all take rank 0's diversity.
 
 In the float32 stage the learning rate is multiplied by ``float32_lr.gamma`` at every
 ``float32_lr.every``-th epoch, counting the epoch that switched as the first (the reference: 0.1
@@ -29,7 +30,8 @@ every 15); before it, the run's schedule applies (the reference holds the rate c
 ``sched=constant``). The reference stops at such a point once the rate is at its minimum (policy.py
 ``check_stopping_condition``: ``Min_LR`` is the start rate x0.01 in its configs), after training that
 epoch: ``float32_lr.decays: 2`` does this by count, so the run ends after ``(decays + 1) every`` float32
-epochs (45 with the switching epoch: MuPPET's reported 45 float32 epochs), ``stopped_early`` in
+epochs (45 with the switching epoch: the MuPPET paper's 45 float32 epochs for AlexNet and ResNet-20
+on CIFAR-10), ``stopped_early`` in
 summary.json; ``train.epochs`` stays the cap. ``decays: null`` is the fixed-epoch reading: decays
 until ``train.epochs``. The count departs from the reference's ``lr > Min_LR`` test in one case: its
 ResNet configs (rate 0.1, minimum 0.001) compare 0.1·0.1·0.1 = 0.0010000000000000002 > 0.001 in
