@@ -363,7 +363,7 @@ def test_mini_settings_switch_twice_on_diversity_drops():
     # (0-based). A stage's first check sets the maximum; its next two violate when the diversity falls below
     # max / T(e): here to a third of it (T <= 2.5 always). The fastest two switches close at epochs 5 and 11.
     cfg = make_config("method=muppet", "scale=mini").method
-    assert cfg.resolution == 2 and cfg.patience == 2
+    assert (cfg.resolution, cfg.patience, cfg.float32_lr.every, cfg.float32_lr.decays) == (2, 2, 2, 2)
     method = build_method(cfg)
     switches = []
     for check, epoch in enumerate(range(1, 25, 2)):
