@@ -13,7 +13,8 @@ what it holds:
 - nothing: a new run starts;
 - a run of another identity: a one-line error naming the first differing key (old → new), the
   directory left as it was (``force=true`` replaces that run);
-- a completed run: its summary is reported again; a diverged run: the divergence is reported again
+- a completed run (one its method stopped before ``train.epochs`` too, ``stopped_early`` in its
+  summary): its summary is reported again; a diverged run: the divergence is reported again
   (exit code 3); ``force=true`` starts either over;
 - a failed sweep job (a ``failed`` summary, :func:`record_failure`): it is redone, from its
   checkpoint if it has one; a checkpoint alone: the run resumes.
@@ -193,6 +194,8 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "status": status,
         "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
         "epochs_completed": progress.epoch, "steps": progress.step,
+        "stopped_early": None if method.stopped() is None else {"by": cfg.method.name, "rule": method.stopped(),
+                                                                "epoch": progress.epoch},
         "task": task.name,
         "final": {f"{split}_{figure}": last.get(f"{split}_{figure}") for split in ("train", "test") for figure in task.figures},
         "best_test_acc": max((row["test_acc"] for row in progress.history), default=None),

@@ -3,7 +3,8 @@
 Per micro-batch: forward, task loss plus the method's terms, a NaN/inf check, backward, and the
 meter charged at the method's current precision. Every ``accum_steps`` micro-batches: the method
 reads the gradients, the optimizer steps, the method acts on the new weights. Per epoch: evaluation,
-the schedule, the method's epoch decision, then ``on_epoch_end`` (results and checkpoint, in run.py).
+the schedule, the method's epoch decision, then ``on_epoch_end`` (results and checkpoint, in run.py);
+training ends after ``epochs`` epochs or once the method says it has stopped (:meth:`Method.stopped`).
 
 On several processes (:mod:`qtrain.distributed`) ``model`` is the DistributedDataParallel wrapper
 and each rank trains on its slice of every batch. Each micro-batch's loss is weighted by the rank's
@@ -73,13 +74,13 @@ class Trainer:
         return tqdm(**kwargs, disable=None if self.show_progress else True, dynamic_ncols=True)
 
     def fit(self, on_epoch_end: Callable[[Progress], None]) -> Progress:
-        """Train from ``progress.epoch`` to ``epochs``, calling ``on_epoch_end`` after each epoch.
+        """Train from ``progress.epoch`` to ``epochs``, or until the method stops it, calling ``on_epoch_end`` after each epoch.
 
         Log lines go through tqdm while the bars are up, so a line is never written into a bar.
         """
         with logging_redirect_tqdm(), self._bar(total=self.epochs, initial=self.progress.epoch, desc="training",
                                                 unit="epoch") as bar:
-            while self.progress.epoch < self.epochs:
+            while self.progress.epoch < self.epochs and self.method.stopped() is None:
                 self._fit_epoch(on_epoch_end)
                 bar.update()
         return self.progress

@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from qtrain.errors import ConfigError
-from qtrain.methods import build_method
+from qtrain.methods import StepInfo, build_method
 from qtrain.methods.muppet import DiversityPolicy, muppet_threshold
 from qtrain.quant import formats
 from qtrain.quant.quantizers import DynamicFixedPoint, FixedPoint
 from qtrain.run import run
+from qtrain.train import Trainer
 
 from .conftest import TINY, make_config, prepared
+from .test_run import TIMING
 
 
 @pytest.mark.parametrize("values,wl,fl", [
@@ -105,8 +107,8 @@ def test_muppet_quantizes_weights_activations_and_gradients_at_the_word_length()
 
 def test_muppet_switches_on_a_diversity_drop_and_decays_the_float32_rate():
     method, model = prepared("muppet", "method.schedule=[8,32]", "method.resolution=2", "method.patience=1",
-                            "method.threshold.base=1.0", "method.threshold.scale=0.0",
-                            "method.float32_lr={gamma: 0.5, every: 2}")
+                            "method.threshold.base=1.0", "method.threshold.scale=0.0", "method.diversity_input=weight_grads",
+                            "method.float32_lr={gamma: 0.5, every: 2, decays: 2}")
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     method.attach(optimizer, None)
     names = list(method.layers)
@@ -141,20 +143,28 @@ def test_muppet_switches_on_a_diversity_drop_and_decays_the_float32_rate():
     ("method.schedule=[12,8]", "method.schedule=[12, 8] is not allowed"),
     ("method.schedule=[8,32,16]", "method.schedule=[8, 32, 16] is not allowed"),
     ("method.resolution=0", "method.resolution=0 is not allowed"),
+    # a window of one epoch keeps one gradient: its diversity is always 1, and MuPPET could never switch
+    ("method.resolution=1", "method.resolution=1 is not allowed: it must be an integer >= 2"),
+    ("method.diversity_input=raw", "method.diversity_input='raw' is not allowed"),
+    ("method.float32_lr.decays=-1", "method.float32_lr.decays=-1 is not allowed"),
+    ("method.float32_lr.decays=1.5", "method.float32_lr.decays=1.5 is not allowed"),
     ("method.grad=half", "method.grad='half' is not allowed"),
     ("method.float32_lr.gamma=2", "method.float32_lr.gamma=2 is not allowed"),
     ("method.performance_model.same.epochs=0", "method.performance_model.same.epochs=0 is not allowed"),
 ])
 def test_bad_muppet_values_are_named(override, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
         build_method(make_config("method=muppet", override).method)
+    assert "\n" not in str(err.value)
 
 
 def test_muppet_run_records_its_stage_and_prices_the_run(tmp_path):
-    summary = run(make_config(*TINY, "method=muppet", "method.resolution=1"), tmp_path)
+    summary = run(make_config(*TINY, "method=muppet", "method.resolution=2"), tmp_path)
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert metrics["word_length"].tolist() == [8, 8]
-    assert metrics["diversity"].tolist() == [pytest.approx(1.0)] * 2  # one gradient per window
+    assert math.isnan(metrics.diversity[0]) and metrics.diversity[1] > 0  # one window, closing at epoch 2
+    assert metrics.diversity[1] == metrics.diversity_max[1]  # the first window sets the maximum: no violation
+    assert summary["stopped_early"] is None
     assert summary["cost"]["percent_of_float32"] == pytest.approx(6.25)
     model = summary["muppet"]["performance_model"]
     assert model["steps"] == 8 and model["baselines"]["same"]["SU"] > 1
@@ -200,3 +210,168 @@ def test_fixed_point_activations_are_saved_as_codes_and_come_back_exactly(quanti
     assert q.eval().compact(x)[1][0].is_floating_point()  # evaluation saves nothing for backward
     wide = FixedPoint(24, 8).train()
     assert wide.compact(x)[1][0].is_floating_point()  # beyond 16 bits codes would save nothing
+
+
+class _Tiny(torch.nn.Module):
+    """One Linear(2 -> 1) layer: a weight of two elements and a bias of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def _tiny_muppet(*overrides: str, weight_decay: float = 0.5):
+    method = build_method(make_config("method=muppet", "method.resolution=2", *overrides).method)
+    model = method.prepare(_Tiny())
+    method.attach(torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=weight_decay), None)
+    return method, model
+
+
+def _last_step(method, model, weight, weight_grad, bias, bias_grad) -> None:
+    """What after_backward sees at an optimizer step: the weights before it and their gradients."""
+    with torch.no_grad():
+        model.fc.weight.copy_(torch.tensor([weight]))
+        model.fc.bias.copy_(torch.tensor([bias]))
+    model.fc.weight.grad = torch.tensor([weight_grad])
+    model.fc.bias.grad = None if bias_grad is None else torch.tensor([bias_grad])
+    method.after_backward(StepInfo(0, 0, 1))
+
+
+def test_reference_diversity_input_rounds_every_gradient_and_adds_weight_decay():
+    method, model = _tiny_muppet()
+    assert set(method.windows) == {"fc.weight", "fc.bias"}
+    # every gradient is on its 8-bit grid ([1, -2]: 2^-6 steps; [3]: 2^-5; [0.5, 1]: 2^-6; [-1]: 2^-7), so the
+    # stochastic rounding keeps it. Inputs g + 0.5 w: epoch 0 weight [1, -2] + 0.5 [2, 0] = [2, -2], bias 3 + 0.5 * 2 = 4;
+    # epoch 1 weight [0.5, 1] + 0.5 [-1, 2] = [0, 2], bias -1 + 0 = -1.
+    # Weight: (8 + 4) / ||[2, 0]||^2 = 3; bias: (16 + 1) / 3^2 = 17/9; their mean 22/9.
+    _last_step(method, model, [9.0, 9.0], [7.0, 7.0], 9.0, 7.0)  # an earlier step of the epoch: overwritten
+    _last_step(method, model, [2.0, 0.0], [1.0, -2.0], 2.0, 3.0)
+    first = {}
+    method.end_epoch(0, first)
+    _last_step(method, model, [-1.0, 2.0], [0.5, 1.0], 0.0, -1.0)
+    second = {}
+    method.end_epoch(1, second)
+    assert math.isnan(first["diversity"])
+    assert second["diversity"] == pytest.approx(22 / 9, rel=1e-12)
+
+    # the option: the layer's raw weight gradients, no rounding, no weight decay: (5 + 1.25) / ||[1.5, -1]||^2
+    method, model = _tiny_muppet("method.diversity_input=weight_grads")
+    assert set(method.windows) == {"fc"}
+    for epoch, (w, g) in enumerate((([2.0, 0.0], [1.0, -2.0]), ([-1.0, 2.0], [0.5, 1.0]))):
+        _last_step(method, model, w, g, 0.0, 1.0)
+        metrics = {}
+        method.end_epoch(epoch, metrics)
+    assert metrics["diversity"] == pytest.approx(6.25 / 3.25, rel=1e-12)
+
+
+def test_reference_diversity_input_is_rounded_at_the_word_length():
+    # [127, 0.5] at 8 bits: scale 2^0, so 0.5 rounds to 0 or 1 (a, b), 127 stays. Diversity over [127, a] and
+    # [-127, b]: (2 * 127^2 + a + b) / (a + b)^2 = inf, 32259 or 8065; unrounded it would be 32258.5.
+    # No weight decay, no bias gradient (its window stays empty and out of the mean).
+    seen = set()
+    for seed in range(8):
+        torch.manual_seed(seed)
+        method, model = _tiny_muppet(weight_decay=0.0)
+        for epoch, grad in enumerate(([127.0, 0.5], [-127.0, 0.5])):
+            _last_step(method, model, [0.0, 0.0], grad, 0.0, None)
+            metrics = {}
+            method.end_epoch(epoch, metrics)
+        seen.add(metrics["diversity"])
+    assert seen <= {math.inf, 32259.0, 8065.0} and len(seen) >= 2
+    # at 16 bits 0.5 is on the grid (scale 2^8): exactly 32258.5
+    method, model = _tiny_muppet("method.schedule=[16,32]", weight_decay=0.0)
+    for epoch, grad in enumerate(([127.0, 0.5], [-127.0, 0.5])):
+        _last_step(method, model, [0.0, 0.0], grad, 0.0, None)
+        metrics = {}
+        method.end_epoch(epoch, metrics)
+    assert metrics["diversity"] == 32258.5
+
+
+def test_float32_stage_decays_then_stops_at_the_next_point(monkeypatch):
+    # a switch to float32 at the end of epoch 2 (0-based 1); every 2 epochs, counting the switching epoch:
+    # float32 epochs 2 (epoch 3) and 4 (epoch 5) decay, 6 (epoch 7) stops without a third decay
+    monkeypatch.setattr(DiversityPolicy, "update", lambda self, d, epoch: (1.0, 1.0, epoch == 1))
+    method, model = _tiny_muppet("method.schedule=[8,32]", "method.float32_lr={gamma: 0.5, every: 2, decays: 2}")
+    lrs = []
+    for epoch in range(7):
+        lrs.append(method.optimizer.param_groups[0]["lr"])
+        assert method.stopped() is None
+        _last_step(method, model, [1.0, 0.0], [1.0, 2.0], 0.0, 1.0)
+        method.end_epoch(epoch, {})
+    assert lrs == [0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    assert method.optimizer.param_groups[0]["lr"] == 0.025
+    assert "after 2 decays" in method.stopped()
+    restored, _ = _tiny_muppet("method.schedule=[8,32]", "method.float32_lr={gamma: 0.5, every: 2, decays: 2}")
+    restored.load_state_dict(method.state_dict())
+    assert restored.stopped() == method.stopped()
+
+    # decays: null, the fixed-epoch reading: a third decay, and no stop
+    method, model = _tiny_muppet("method.schedule=[8,32]", "method.float32_lr={gamma: 0.5, every: 2, decays: null}")
+    for epoch in range(7):
+        _last_step(method, model, [1.0, 0.0], [1.0, 2.0], 0.0, 1.0)
+        method.end_epoch(epoch, {})
+    assert method.optimizer.param_groups[0]["lr"] == 0.0125 and method.stopped() is None
+
+
+def test_run_stops_by_the_float32_rule_and_stays_stopped_after_a_kill(tmp_path, monkeypatch):
+    # switch at the end of epoch 2; float32 lr x0.5 after epochs 2 and 3 (every 1, the switching epoch first);
+    # the third point, epoch 4, trains and stops the run, 16 epochs before the cap
+    monkeypatch.setattr(DiversityPolicy, "update", lambda self, d, epoch: (1.0, 1.0, epoch == 1))
+    overrides = [*TINY, "method=muppet", "method.schedule=[8,32]", "method.resolution=2", "train.epochs=20",
+                 "train.batches_per_epoch=1", "sched=constant", "optim.lr=0.1",
+                 "method.float32_lr={gamma: 0.5, every: 1, decays: 2}"]
+    whole = run(make_config(*overrides), tmp_path / "whole")
+    metrics = pd.read_csv(tmp_path / "whole" / "metrics.csv")
+    assert metrics.epoch.tolist() == [1, 2, 3, 4]
+    assert metrics.lr.tolist() == [0.1, 0.1, 0.05, 0.025]
+    assert metrics.word_length.tolist() == [8, 8, 32, 32]
+    assert whole["status"] == "completed" and whole["epochs_completed"] == 4
+    assert whole["stopped_early"]["by"] == "muppet" and whole["stopped_early"]["epoch"] == 4
+    checkpoint = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    assert checkpoint["optimizer"]["param_groups"][0]["lr"] == 0.025  # no third decay
+
+    original = Trainer.train_epoch
+
+    def killed_in_epoch_4(self, epoch):
+        if epoch == 3:
+            raise KeyboardInterrupt
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", killed_in_epoch_4)
+    with pytest.raises(KeyboardInterrupt):
+        run(make_config(*overrides), tmp_path / "resumed")
+    monkeypatch.setattr(Trainer, "train_epoch", original)
+    resumed = run(make_config(*overrides), tmp_path / "resumed")
+    pd.testing.assert_frame_equal(metrics.drop(columns=TIMING),
+                                  pd.read_csv(tmp_path / "resumed" / "metrics.csv").drop(columns=TIMING))
+    assert resumed["stopped_early"] == whole["stopped_early"]
+
+    # a kill after the stopping epoch's checkpoint, before the summary: the resumed run trains no further epoch
+    (tmp_path / "resumed" / "summary.json").unlink()
+    monkeypatch.setattr(Trainer, "train_epoch", lambda self, epoch: pytest.fail("a stopped run trained again"))
+    again = run(make_config(*overrides), tmp_path / "resumed")
+    assert again["status"] == "completed" and again["epochs_completed"] == 4 and again["stopped_early"]["epoch"] == 4
+    # a finished run is reported, never re-run
+    assert run(make_config(*overrides), tmp_path / "resumed")["epochs_completed"] == 4
+
+
+def test_mini_settings_switch_twice_on_diversity_drops():
+    # scale=mini's windows (2 epochs) and threshold with the paper's patience 2: checks close at epochs 1, 3, 5, ...
+    # (0-based). A stage's first check sets the maximum; its next two violate when the diversity falls below
+    # max / T(e): here to a third of it (T <= 2.5 always). The fastest two switches close at epochs 5 and 11.
+    cfg = make_config("method=muppet", "scale=mini").method
+    assert (cfg.resolution, cfg.patience, cfg.float32_lr.every, cfg.float32_lr.decays) == (2, 2, 2, 2)
+    method = build_method(cfg)
+    switches = []
+    for check, epoch in enumerate(range(1, 25, 2)):
+        diversity = 3.0 if check % 3 == 0 else 0.9
+        if method.policy.update(diversity, epoch)[2]:
+            switches.append(epoch + 1)
+    assert switches == [6, 12, 18, 24]  # 1-based epochs: a stage lasts (patience + 1) * resolution = 6 epochs
+    # T at the mini's k-th check is within 4% of the paper's T at its k-th check (epoch 3k + 2, decay 0.1)
+    for k in range(12):
+        mini, paper = muppet_threshold(2 * k + 1, decay=cfg.threshold.decay), muppet_threshold(3 * k + 2)
+        assert mini == pytest.approx(paper, rel=0.04)

@@ -122,6 +122,14 @@ class Method:
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         """Epoch-level decisions (loss indicators, precision switches); may add columns to ``metrics``."""
 
+    def stopped(self) -> str | None:
+        """The rule by which the method has ended training before ``train.epochs`` (None: training goes on).
+
+        The trainer asks after every epoch, and before the first one of a resumed run: a method that stops
+        keeps that in :meth:`state_dict`, so a resumed run stays stopped.
+        """
+        return None
+
     def precision(self) -> PrecisionRecord:
         """The current per-layer precision; layers absent from it are float32."""
         return {}
