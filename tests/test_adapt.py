@@ -10,18 +10,21 @@ import torch
 
 from qtrain.errors import ConfigError
 from qtrain.methods import RunFacts, StepInfo, build_method
-from qtrain.methods.adapt import tnvs_init_
+from qtrain.methods.adapt import LayerSwitchState, tnvs_init_
 from qtrain.methods.adapt_switching import (
     Format,
     adapt_lookback,
     adapt_resolution,
     adapt_strategy,
+    gradient_diversity_for,
     histograms,
     increase,
     information_loss,
     kl_divergence,
     pushdown,
     pushup,
+    reference_loss,
+    reference_search,
 )
 from qtrain.methods.diversity import DiversityWindow, gradient_diversity
 from qtrain.quant import formats
@@ -46,8 +49,8 @@ def test_pushdown_finds_the_format_a_tensor_was_built_in(wl, fl, rounding):
     x = _on_grid(wl, fl)
     for search in ("range", "current"):
         assert pushdown(x, Format(20, 14), resolution=150, rounding=rounding, search=search) == Format(wl, fl)
-    # from a coarser start: the whole range finds it; "current" (Algorithm 3, the reference) stays put
-    assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding) == Format(wl, fl)
+    # from a coarser start: the whole range finds it; "current" (Algorithm 3) stays put
+    assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding, search="range") == Format(wl, fl)
     assert pushdown(x, Format(wl - 1, fl), resolution=150, rounding=rounding, search="current") == Format(wl - 1, fl)
 
 
@@ -111,6 +114,30 @@ def test_gradient_diversity_matches_its_closed_form():
     assert (window.count, window.sum_sq, window.total_norm_sq()) == (2, 3.0, 5.0)
 
 
+def test_adapt_diversity_is_eq_3_unsquared_and_the_reference_counts_the_window():
+    e1, e2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    state = LayerSwitchState(Format(8, 4), 25, 50)
+    for g in (e1, e2):
+        state.add(g, float(g.norm()))
+
+    def diversity(formula):
+        return gradient_diversity_for(state.norm_sum, state.window.total_norm_sq(), state.window.count, formula)
+
+    # two orthogonal unit gradients: (1 + 1) / ||(1, 1)|| = sqrt(2) in both readings (MuPPET's squared one: 1)
+    assert diversity("paper") == pytest.approx(math.sqrt(2)) and diversity("reference") == pytest.approx(math.sqrt(2))
+    state.add(torch.zeros(2), 0.0)  # a zero gradient: the reference's k counts it, eq. 3's sum of norms does not
+    assert diversity("paper") == pytest.approx(math.sqrt(2)) and diversity("reference") == pytest.approx(3 / math.sqrt(2))
+    # eq. 3 on gradients of other norms: (1 + sqrt 2) / ||(2, 1)||
+    assert gradient_diversity_for(1 + math.sqrt(2), 5.0, 2, "paper") == pytest.approx((1 + math.sqrt(2)) / math.sqrt(5))
+    state.add(-e1 - e2, math.sqrt(2))  # the sum is now zero
+    assert diversity("paper") == math.inf == diversity("reference")
+    resumed = LayerSwitchState(Format(8, 4), 25, 50)
+    resumed.load_state_dict(state.state_dict())
+    assert (resumed.norm_sum, resumed.window.count) == (state.norm_sum, 4)
+    state.clear()
+    assert (state.norm_sum, state.window.count) == (0.0, 0)
+
+
 @pytest.mark.parametrize("diversity,fl_min,formula,expected", [
     # ln Δs = 1.5: s1 = ceil(1 / 0.5) = 2; s2 = min(ceil(32 * 1.5 / ln 2 - 1), 32) - 4 = 28
     (math.exp(1.5), 4, "paper", {"min": 2, "mean": 15, "max": 28}),
@@ -122,6 +149,12 @@ def test_gradient_diversity_matches_its_closed_form():
     (math.exp(1.5), 4, "reference", {"min": 4, "mean": 4, "max": 4}),
     # L = 2: s1 = 1, s2 = 32 - 10 = 22
     (math.exp(3.0), 10, "reference", {"min": 1, "mean": 12, "max": 22}),
+    # L = 0.5, FL_min = 2: s1 = 4, s2 = ceil(8) - 2 = 6
+    (math.exp(1.5), 2, "reference", {"min": 4, "mean": 5, "max": 6}),
+    # L = 0.01, next to the pole: s1 = ceil(1 / 1e-4) = 10000 (no cap); s2 = max(ceil(0.0032) - 4, 0) = 0
+    (math.exp(1.01), 4, "reference", {"min": 0, "mean": 5000, "max": 10000}),
+    # the paper's reading caps s1: ln Δs = 1.01, 1 / 0.01 = 100 -> 32; s2 = min(ceil(32 * 1.01 / ln 2 - 1), 32) - 4 = 28
+    (math.exp(1.01), 4, "paper", {"min": 28, "mean": 30, "max": 32}),
 ])
 def test_pushup_suggestions_on_chosen_diversities(diversity, fl_min, formula, expected):
     assert {st: increase(diversity, fl_min, st, formula) for st in expected} == expected
@@ -133,10 +166,16 @@ def test_pushup_adds_one_bit_without_a_positive_log_diversity(diversity):
         assert increase(diversity, 4, "max", formula) == 1
 
 
+def test_the_reference_pushup_jumps_to_the_top_next_to_its_pole():
+    for strategy in ("mean", "max"):  # FL = min(4 + s, 32) = 32, framed: FL = 32 - 8, WL = 32
+        assert pushup(Format(8, 4), increase(math.exp(1.01), 4, strategy, "reference"), 8, "reference") == Format(32, 24)
+    assert pushup(Format(8, 4), increase(math.exp(1.01), 4, "min", "reference"), 8, "reference") == Format(12, 4)
+
+
 def test_pushup_frames_the_format_with_buffer_bits():
-    assert pushup(Format(8, 4), 2, buffer_bits=8) == Format(14, 6)  # FL 6, WL = FL + 8
-    assert pushup(Format(20, 4), 2, buffer_bits=4) == Format(20, 6)  # WL_min is a floor
-    assert pushup(Format(30, 26), 5, buffer_bits=8) == Format(32, 24)  # FL <= 32 - buff
+    assert pushup(Format(8, 4), 2, buffer_bits=8, formula="paper") == Format(14, 6)  # FL 6, WL = FL + 8
+    assert pushup(Format(20, 4), 2, buffer_bits=4, formula="paper") == Format(20, 6)  # WL_min is a floor
+    assert pushup(Format(30, 26), 5, buffer_bits=8, formula="paper") == Format(32, 24)  # FL <= 32 - buff
     # the reference's intermediate WL: max(WL_min, new FL) + 1 = 21 is the floor
     assert pushup(Format(10, 4), 16, buffer_bits=4, formula="reference") == Format(24, 20)
     assert pushup(Format(24, 4), 2, buffer_bits=4, formula="reference") == Format(25, 6)
@@ -185,19 +224,88 @@ def test_adapt_quantizes_weights_and_activations_and_keeps_gradients_float32():
 
 
 def test_adapt_loss_adds_l1_l2_and_the_word_length_density_penalty():
-    method, model = prepared("adapt", "method.l1=0.01", "method.l2=0.1")
+    method, model = prepared("adapt", "method.l1=0.01", "method.l2=0.1", "method.params=weights")
     model.train()
     model(torch.randn(4, 3, 8, 8))
     weights = [layer.weight for layer in method.layers.values()]
+    rounded = [layer.quant.weight.last for layer in method.layers.values()]  # the copies this forward used
+    for w, q in zip(weights, rounded):  # on the <8,4> grid, and not the float32 weights
+        assert torch.equal(q * 16, (q * 16).round()) and not torch.equal(q, w.detach())
     densities = [float(layer.quant.weight.density) for layer in method.layers.values()]
     base = torch.tensor(1.0)
     total = method.loss(base, StepInfo(0, 0, 4))
-    expected = (1.0 + 0.01 * sum(w.abs().sum().item() for w in weights)
+    expected = (1.0 + 0.01 * sum(q.abs().sum().item() for q in rounded)
                 + 0.05 * sum(w.square().sum().item() for w in weights) + sum(8 / 32 * d for d in densities) / len(densities))
     assert total.item() == pytest.approx(expected, rel=1e-5)
-    total.backward()  # L1 and L2 reach the float32 weights; the penalty is a constant
-    w = method.layers["fc"].weight
-    assert torch.allclose(w.grad, 0.01 * w.sign() + 0.1 * w.detach())
+    total.backward()  # L1 acts on the rounded copy (zero where it rounded to 0), L2 on the float32 weights
+    w, q = method.layers["fc"].weight, method.layers["fc"].quant.weight.last
+    assert (q == 0).any() and (q != 0).any()
+    assert torch.allclose(w.grad, 0.01 * q.sign() + 0.1 * w.detach())
+
+
+def test_adapt_covers_every_parameter_by_default():
+    method, model = prepared("adapt", "method.l1=0.01")
+    model.train()
+    model(torch.randn(4, 3, 8, 8))
+    total = method.loss(torch.tensor(0.0), StepInfo(0, 0, 4))
+    # the penalty: the mean over every parameter of WL/32 * density (a weight's of its rounded copy, every
+    # other parameter's of itself); all start at WL 8, and resnet20's conv1 comes first, so all have a format
+    quantizers = {f"{name}.weight": layer.quant.weight for name, layer in method.layers.items()}
+    params = dict(model.named_parameters())
+    assert {n for n in params if n not in quantizers} >= {"bn1.weight", "fc.bias"}
+    densities = [float(quantizers[n].density) if n in quantizers else p.count_nonzero().item() / p.numel()
+                 for n, p in params.items()]
+    l1 = sum((quantizers[n].last if n in quantizers else p).abs().sum().item() for n, p in params.items())
+    assert total.item() == pytest.approx(0.01 * l1 + sum(8 / 32 * d for d in densities) / len(densities), rel=1e-5)
+    total.backward()
+    bn = model.bn1  # batch norm stays float32: its L1 gradient is the sign of its own values
+    assert torch.equal(bn.weight.grad, 0.01 * bn.weight.detach().sign())
+    assert torch.allclose(model.fc.bias.grad, 0.01 * model.fc.bias.detach().sign())
+
+
+def _one_step(*overrides: str, seed: int = 0):
+    """An AdaPT method after one backward and its after_backward (no switch), the same draws for the same seed."""
+    torch.manual_seed(seed)
+    method, model = prepared("adapt", "method.lookback={low: 100, high: 100, momentum: 0.33}", "method.l1=0",
+                             "method.penalty=false", *overrides)
+    model.train()
+    torch.manual_seed(seed + 1)
+    logits = model(torch.randn(8, 3, 8, 8))
+    (1000 * method.loss(logits.logsumexp(1).mean(), StepInfo(0, 0, 8))).backward()  # large: some reach the range's ends
+    float_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    method.after_backward(StepInfo(0, 0, 8))
+    return method, model, float_grads
+
+
+def test_quantized_gradients_lie_on_the_layer_grid_and_are_normalized_after():
+    method, model, float_grads = _one_step("method.normalize_grads=false")
+    for name, p in model.named_parameters():  # every layer at <8,4>: multiples of 2^-4 in [-8, 8 - 2^-4]
+        codes = p.grad * 16
+        assert torch.equal(codes, codes.round()), name
+        assert codes.min() >= -128 and codes.max() <= 127, name
+        # stochastic rounding: each value to one of its two neighbours on the grid (or the clamped end)
+        expected = float_grads[name].clamp(-8, 8 - 1 / 16)
+        assert ((p.grad - expected).abs() < 1 / 16).all(), name
+    conv = model.conv1.weight.grad
+    assert (conv.abs() == 8).any() and ((conv != 0) & (conv.abs() < 8)).any()
+    assert not torch.equal(model.conv1.weight.grad, float_grads["conv1.weight"])
+    # the same draws with normalization: the optimizer receives the rounded gradient over its norm
+    _, normalized, _ = _one_step()
+    for (name, p), (_, q) in zip(model.named_parameters(), normalized.named_parameters()):
+        assert torch.allclose(q.grad, p.grad / p.grad.norm()), name
+        assert q.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_float32_gradients_and_the_weights_only_scope_leave_the_rest_alone():
+    _, model, float_grads = _one_step("method.normalize_grads=false", "method.grad=float32")
+    for name, p in model.named_parameters():
+        assert torch.equal(p.grad, float_grads[name]), name
+    _, model, float_grads = _one_step("method.params=weights")
+    assert torch.equal(model.bn1.weight.grad, float_grads["bn1.weight"])  # neither rounded nor normalized
+    assert torch.equal(model.fc.bias.grad, float_grads["fc.bias"])
+    w = model.fc.weight.grad
+    assert w.norm().item() == pytest.approx(1.0, rel=1e-5) and not torch.allclose(w, float_grads["fc.weight"] /
+                                                                                  float_grads["fc.weight"].norm())
 
 
 def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_full():
@@ -227,10 +335,39 @@ def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_fu
     ("method.kl_epsilon=-1", "method.kl_epsilon=-1 is not allowed"),
     ("method.pushdown_search=below", "method.pushdown_search='below' is not allowed"),
     ("method.normalize_grads=1", "method.normalize_grads=1 is not allowed"),
+    ("method.grad=int8", "method.grad='int8' is not allowed"),
+    ("method.params=biases", "method.params='biases' is not allowed"),
 ])
 def test_bad_adapt_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
         build_method(make_config("method=adapt", override).method)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("method.init=xavier", "method.init='xavier' is not allowed"),
+    ("method.init_scale=0", "method.init_scale=0 is not allowed"),
+    ("method.l1=-1", "method.l1=-1 is not allowed"),
+])
+def test_bad_float32_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_method(make_config("method=float32", override).method)
+
+
+def test_float32_baseline_draws_tnvs_weights_and_adds_l1():
+    torch.manual_seed(0)
+    method, model = prepared("float32", "method.init=tnvs", "method.init_scale=0.5", "method.l1=0.001")
+    for layer in (model.conv1, model.layer3[0].conv2, model.fc):
+        bound = math.sqrt(3 * 0.5 / layer.weight[0].numel())
+        assert layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.9 * bound
+    plain_method, plain = prepared("float32")
+    bound = 1 / math.sqrt(plain.fc.weight.shape[1])  # torch's default init, below tnvs's sqrt(1.5 / fan_in) here
+    assert plain.fc.weight.abs().max() <= bound < model.fc.weight.abs().max()
+    assert plain_method.loss(torch.tensor(2.0), StepInfo(0, 0, 4)).item() == 2.0  # no L1 by default
+    total = method.loss(torch.tensor(0.0), StepInfo(0, 0, 4))
+    assert total.item() == pytest.approx(0.001 * sum(p.abs().sum().item() for p in model.parameters()), rel=1e-5)
+    total.backward()
+    for p in model.parameters():  # every parameter, batch norm included
+        assert torch.equal(p.grad, 0.001 * p.detach().sign())
 
 
 def test_adapt_without_switches_charges_the_start_format(tmp_path):
@@ -268,12 +405,65 @@ def test_the_performance_model_amortizes_over_the_runs_accumulation(tmp_path):
 
 
 def test_adapt_warns_when_the_optimizer_adds_l2_again(caplog):
-    method, model = prepared("adapt")
+    method, model = prepared("adapt", "method.l2=1e-4")
     method.attach(torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=5e-4), RunFacts(64, 1, 256))
     assert "pass optim.weight_decay=0 to count L2 once" in caplog.text
     caplog.clear()
     method.attach(torch.optim.SGD(model.parameters(), lr=0.1), RunFacts(64, 1, 256))
     assert caplog.text == ""
+
+
+def test_reference_loss_is_torchs_kldivloss_on_frequencies():
+    # bins of 1/4 over [0, 1]: the weights fill one each; rounded to nearest at FL 1 they are 0, 0, 0.5, 1
+    w = torch.tensor([[0.0, 0.25, 0.5, 1.0]])
+    p, q = [0.25] * 4, [0.5, 0.0, 0.25, 0.25]
+    # KLDivLoss(batchmean, log_target): Σ exp(q) (q - p) / bins, the frequencies read as log-probabilities
+    expected = sum(math.exp(b) * (b - a) for a, b in zip(p, q)) / 4
+    assert reference_loss(w[0], Format(8, 1), 4, "nearest") == pytest.approx(expected)
+    assert expected > 0
+    assert reference_loss(w[0], Format(8, 2), 4, "nearest") == 0.0  # on the grid: identical histograms
+    # the reference drops values beyond the weights' range from the copy's histogram: a clamped copy at <2,0>
+    # (-2 .. 1) keeps them all here; the reference's histogram of the weights alone decides the bins
+    assert reference_loss(torch.tensor([0.0, 0.5, 1.0, 1.5]), Format(8, 4), 3, "nearest") == 0.0
+
+
+def test_reference_search_walks_as_the_reference_code():
+    asked = []
+
+    def always(fmt):
+        asked.append(fmt)
+        return True
+
+    # FL from 4 to 8: asks at the lower bound 4 (mid 6), then 6 (mid 7): FL 7; WL from 7 to 12: asks 10, then 11
+    assert reference_search(Format(12, 8), always) == Format(11, 7)
+    assert asked == [Format(12, 4), Format(12, 6), Format(10, 7), Format(11, 7)]
+    asked.clear()
+    # nothing lossy: FL 4 (asked twice at the lower bound), WL 4 after asking 8, 6, 5
+    assert reference_search(Format(12, 8), lambda fmt: asked.append(fmt) or False) == Format(4, 4)
+    assert asked == [Format(12, 4), Format(12, 4), Format(8, 4), Format(6, 4), Format(5, 4)]
+    assert reference_search(Format(8, 4), always) == Format(7, 4)  # FL 4: no FL round
+    assert reference_search(Format(9, 5), always) == Format(8, 5)  # one FL round from 4 to 5 ends at 5
+
+
+@pytest.mark.parametrize("current", [Format(8, 4), Format(12, 8), Format(16, 8), Format(20, 12), Format(32, 24)])
+def test_reference_pushdown_never_lowers_precision_where_every_candidate_loses(current):
+    torch.manual_seed(0)
+    w = 1000 * (2 * torch.rand(16, 64) - 1)  # every candidate (WL <= 32, FL >= 4) clamps most of these
+    asked = []
+
+    def lossy(fmt):
+        asked.append(reference_loss(w[0], fmt, 150))
+        return asked[-1] > 0
+
+    minimal = reference_search(current, lossy)
+    assert asked and all(loss > 0 for loss in asked)
+    assert pushdown(w, current, 150) == minimal  # pushdown's default: the first filter, the same walk
+    # the walk ends at the last lossy bounds, a bit below the current format at most ...
+    assert current.fl - 1 <= minimal.fl <= current.fl and current.wl - 1 <= minimal.wl <= current.wl
+    # ... and PushUp's smallest increase brings it back: never below the current format
+    for buffer_bits in (4, 8):
+        new = pushup(minimal, 1, buffer_bits, "reference")
+        assert new.wl >= current.wl and new.fl >= min(current.fl, 32 - buffer_bits)
 
 
 @pytest.mark.parametrize("resolution", [50, 150])
@@ -282,7 +472,7 @@ def test_pushdown_stops_at_the_kl_tolerance_on_gaussian_weights(resolution):
     w = 0.03 * torch.randn(64, 64, 3, 3)
     epsilon = 1e-3
     state = torch.get_rng_state()
-    chosen = pushdown(w, Format(8, 4), resolution, epsilon)
+    chosen = pushdown(w, Format(8, 4), resolution, epsilon, search="range")
     torch.set_rng_state(state)
     key = draw_key(w.device)  # the draws pushdown rounded with
     # the bisection ends on a boundary: the chosen FL passes, the one below it does not

@@ -37,20 +37,31 @@ def test_every_experiment_composes_and_passes_the_checks(experiment, scale, tmp_
         assert (cfg.train.epochs, cfg.fused, cfg.progress) == (2, False, False)
 
 
-@pytest.mark.parametrize("experiment,model,data,accum,buffer_bits,l2", [
-    ("adapt_alexnet_cifar10", "alexnet", "cifar10", 4, 4, 1e-8),
-    ("adapt_alexnet_cifar100", "alexnet", "cifar100", 4, 8, 1e-4),
-    ("adapt_resnet20_cifar10", "resnet20", "cifar10", 4, 8, 1e-4),
-    ("adapt_resnet20_cifar100", "resnet20", "cifar100", 2, 8, 1e-4),
+@pytest.mark.parametrize("experiment,model,data,accum,buffer_bits,l2,lookback", [
+    ("adapt_alexnet_cifar10", "alexnet", "cifar10", 4, 4, 1e-8, {"low": 25, "high": 100, "momentum": 0.33}),
+    ("adapt_alexnet_cifar100", "alexnet", "cifar100", 4, 8, 1e-4, {"low": 25, "high": 150, "momentum": 0.9}),
+    ("adapt_resnet20_cifar10", "resnet20", "cifar10", 4, 8, 1e-4, {"low": 25, "high": 100, "momentum": 1.0}),
+    ("adapt_resnet20_cifar100", "resnet20", "cifar100", 2, 8, 1e-4, {"low": 25, "high": 100, "momentum": 0.9}),
 ])
-def test_adapt_table_runs_follow_the_paper_and_reference_configs(experiment, model, data, accum, buffer_bits, l2):
+def test_adapt_table_runs_follow_the_paper_and_reference_configs(experiment, model, data, accum, buffer_bits, l2,
+                                                                 lookback):
     cfg = make_config(f"experiment={experiment}")
     assert (cfg.model.name, cfg.data.name, cfg.method.name) == (model, data, "adapt")
     assert (cfg.train.batch_size, cfg.train.accum_steps, cfg.train.epochs) == (512, accum, 100)
-    assert (cfg.method.buffer_bits, cfg.method.l2, cfg.optim.weight_decay) == (buffer_bits, l2, 0.0)
+    # the reference's L2 is its optimizer's weight decay on the normalized gradient, not a loss term
+    assert (cfg.method.buffer_bits, cfg.method.l2, cfg.optim.weight_decay) == (buffer_bits, 0.0, l2)
     assert cfg.sched.name == "plateau" and (cfg.method.initial.wl, cfg.method.initial.fl) == (8, 4)
-    assert (cfg.sched.patience, dict(cfg.method.lookback)) == (10, {"low": 25, "high": 100, "momentum": 0.33})
+    assert (cfg.sched.patience, dict(cfg.method.lookback)) == (10, lookback)
+    assert (cfg.method.grad, cfg.method.pushup, cfg.method.pushdown_search) == ("quantized", "reference", "reference")
     assert cfg.data.sample is None
+
+
+@pytest.mark.parametrize("model,data,l1,l2", [("alexnet", "cifar100", 1e-8, 1e-4), ("resnet20", "cifar10", 1e-8, 1e-4)])
+def test_adapt_float32_baselines_follow_the_reference_float32_configs(model, data, l1, l2):
+    cfg = make_config("experiment=adapt_float32", f"model={model}", f"data={data}")
+    assert cfg.method.name == "float32" and (cfg.method.init, cfg.method.init_scale) == ("tnvs", 0.5)
+    assert (cfg.method.l1, cfg.optim.weight_decay) == (l1, l2)
+    assert (cfg.train.batch_size, cfg.train.accum_steps, cfg.optim.lr) == (512, 4, 0.1)
 
 
 @pytest.mark.parametrize("method", ["dynasty", "float32", "sbm"])

@@ -1,10 +1,11 @@
-"""AdaPT's precision switching (AdaPT paper Sec. 3.3, Algorithms 2-4; METHODS.md, "AdaPT").
+"""AdaPT's precision switching (AdaPT paper Sec. 3.3, Algorithms 2-4; lorenz0890/AdaPT, optimizers/msgd_fp.py).
 
 Pure functions and one small state class, so each rule can be checked on its own:
 
-- :func:`pushdown`: the smallest <WL, FL> (over the whole range, or at or below the current one) whose
-  quantized weights lose no information, by the discrete KL divergence of their histograms at the layer's resolution (eqs. 1-2,
-  Algorithm 3);
+- :func:`pushdown`: the coarsest <WL, FL> whose quantized weights lose no information by a KL of their
+  histograms at the layer's resolution (eqs. 1-2, Algorithm 3): the reference code's search and loss
+  (lorenz0890/AdaPT, optimizers/msgd_fp.py), or a divergence over the whole range or at or below the
+  current format;
 - :func:`pushup`: the precision increase suggested by the gradient diversity of the lookback window
   (eqs. 3-4), and the buffer bits that frame the fixed-point range;
 - :func:`adapt_strategy`, :func:`adapt_lookback`, :func:`adapt_resolution`: eq. 5 and the lookback
@@ -14,11 +15,13 @@ Pure functions and one small state class, so each rule can be checked on its own
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
-from qtrain.quant.formats import Rounding, fixed_point_candidates
+from qtrain.quant.formats import Rounding, fixed_point, fixed_point_candidates
 from qtrain.quant.rounding import key_for
 
 STRATEGIES = ("min", "mean", "max")
@@ -95,24 +98,86 @@ def information_loss(weights: torch.Tensor, candidates: list[Format], resolution
     return kl_divergence(histograms(quantized, lo, hi, resolution), reference).cpu()
 
 
-PUSHDOWN_SEARCHES = ("range", "current")
+PUSHDOWN_SEARCHES = ("reference", "range", "current")
 WIDEST = Format(32, 31)
+REFERENCE_FL_FLOOR = 4  # the reference's PushDown searches FL from 4 up
+
+
+def reference_loss(weights: torch.Tensor, fmt: Format, resolution: int, rounding: Rounding = "stochastic") -> float:
+    """The reference code's information loss of ``weights`` at ``fmt`` (lorenz0890/AdaPT, msgd_fp.py, ``__fpq_loss``).
+
+    The weights and their quantized copy (a fresh draw per call) are counted by ``torch.histc`` in
+    ``resolution`` bins, the weights over their own range, the copy over the weights' range (values
+    beyond it are dropped), each normalized to sum 1; the loss is torch's ``KLDivLoss(reduction=
+    'batchmean', log_target=True)`` with the weights' frequencies as input and the copy's as target:
+    ``Σ exp(q) (q - p) / resolution``, frequencies read as log-probabilities. It is zero where both
+    histograms agree and can take either sign otherwise; NaN where the copy has no value in range.
+    """
+    w = weights.detach().float()
+    quantized = fixed_point(w, fmt.wl, fmt.fl, rounding)
+    p = torch.histc(w, resolution)
+    q = torch.histc(quantized, resolution, float(w.min()), float(w.max()))
+    return float(F.kl_div(p / p.sum(), q / q.sum(), reduction="batchmean", log_target=True))
+
+
+def _ceil_half(a: int, b: int) -> int:
+    return (a + b + 1) // 2
+
+
+def reference_search(current: Format, lossy: Callable[[Format], bool]) -> Format:
+    """The reference code's PushDown walk from ``current`` (msgd_fp.py, ``__push_down_fl``, ``__push_down_wl``).
+
+    FL: from ``low = 4``, ``high = FL``; each round takes ``mid = ceil((low + high) / 2)``, asks ``lossy``
+    at <WL, low> (the lower bound, not ``mid``), then sets ``low = mid`` if lossy, else ``high = mid``,
+    until ``high - low <= 1`` (at most ``high - low`` rounds); the answer is ``low``. WL: from ``low = FL``
+    (the found one), ``high = WL``, the same rounds asking at <mid, FL>; the answer is ``low``. Both
+    answers are thus bounds that were lossy (or the start): where every format loses, the walk ends
+    one bit below the current FL and WL, and PushUp's at least one bit brings it back.
+    """
+    low, high = REFERENCE_FL_FLOOR, current.fl
+    for _ in range(high - low):
+        mid = _ceil_half(low, high)
+        if lossy(Format(current.wl, low)):
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1:
+            break
+    fl = low
+    low, high = fl, current.wl
+    for _ in range(high - low):
+        mid = _ceil_half(low, high)
+        if lossy(Format(mid, fl)):
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1:
+            break
+    return Format(low, fl)
 
 
 def pushdown(weights: torch.Tensor, current: Format, resolution: int, epsilon: float = 0.0,
-             rounding: Rounding = "stochastic", search: str = "range") -> Format:
-    """The coarsest format whose quantized ``weights`` keep KL <= ``epsilon`` (Sec. 3.3, Algorithm 3).
+             rounding: Rounding = "stochastic", search: str = "reference") -> Format:
+    """The coarsest format whose quantized ``weights`` lose no information (Sec. 3.3, Algorithm 3).
 
-    ``search: range`` looks over every format up to <32, 31>, as Sec. 3.3 states it ("the smallest
-    quantization <WL_min, FL_min> of W s.t. KL = 0") and eq. 6 prices it (a bisection over the word
-    lengths); ``current`` only at or below the current format, as Algorithm 3 starts from it and the
-    reference code searches, so PushDown never raises a format. First the fractional length (at the
-    ceiling's word length, FL from 0 up), then the word length (at that FL, WL from FL + 1 up), each by
-    bisection over the candidates' KL values, computed for all candidates of a stage in one batch.
-    Bisection assumes the loss grows as the format coarsens; the ceiling is the answer where every
-    coarser format loses. Both stages round each weight with the same draw, so the word-length stage
-    sees the loss of the fractional length it starts from wherever a word length clamps nothing.
+    ``search: reference`` is lorenz0890/AdaPT's (:func:`reference_search`): it examines the first output
+    filter ``weights[0]`` only, calls a format lossy where :func:`reference_loss` is > 0 (``epsilon`` is
+    not used), and searches at or below the current format, FL from 4, so it rarely lowers a format
+    by more than a bit. The other two read the paper: a format is lossless where the discrete KL
+    divergence of the whole tensor's histograms (:func:`information_loss`, in bits) is <= ``epsilon``.
+    ``range`` looks over every format up to <32, 31>, as Sec. 3.3 states it ("the smallest quantization
+    <WL_min, FL_min> of W s.t. KL = 0") and eq. 6 prices it (a bisection over the word lengths), so a
+    lossy format rises to the smallest lossless one; ``current`` only at or below the current format,
+    as Algorithm 3 starts from it. These two search first the fractional length (at the ceiling's word
+    length, FL from 0 up), then the word length (at that FL, WL from FL + 1 up), each by bisection over
+    the candidates' KL values, computed for all candidates of a stage in one batch. Bisection assumes
+    the loss grows as the format coarsens; the ceiling is the answer where every coarser format loses.
+    Both stages round each weight with the same draw, so the word-length stage sees the loss of the
+    fractional length it starts from wherever a word length clamps nothing.
     """
+    if search == "reference":
+        first = weights[0]
+        return reference_search(current, lambda fmt: reference_loss(first, fmt, resolution, rounding) > 0)
     ceiling = WIDEST if search == "range" else current
     key = key_for(rounding == "stochastic", weights.device)  # one draw per weight for both stages
     fls = [Format(ceiling.wl, fl) for fl in range(ceiling.fl + 1)]
@@ -123,25 +188,33 @@ def pushdown(weights: torch.Tensor, current: Format, resolution: int, epsilon: f
     return wls[_bisect([float(k) <= epsilon for k in kl])]
 
 
-def gradient_diversity_for(sum_sq: float, total_norm_sq: float, count: int, formula: str) -> float:
-    """The window's diversity as ``formula`` reads it: the paper's ``Σ||g||² / ||Σg||²`` (eq. 3), or the
-    reference code's ``k / ||Σg||`` (its window holds ``k`` normalized gradients; the norm is not squared)."""
+def gradient_diversity_for(norm_sum: float, total_norm_sq: float, count: int, formula: str) -> float:
+    """The window's diversity as ``formula`` reads it: eq. 3's ``Σ||g_k|| / ||Σg_k||`` (``paper``, norms not
+    squared: >= 1 by the triangle inequality), or the reference code's ``k / ||Σg_k||`` (``reference``: it
+    divides the number of gradients in the window, zero ones included, by the norm of their sum).
+
+    The window holds unit-norm gradients (or zero ones), so the two differ only by the zero gradients:
+    the reference counts them in ``k``, eq. 3 adds nothing for them. +inf where the sum is zero.
+    """
     if total_norm_sq <= 0:
         return math.inf
-    if formula == "reference":
-        return count / math.sqrt(total_norm_sq)
-    return sum_sq / total_norm_sq
+    return (count if formula == "reference" else norm_sum) / math.sqrt(total_norm_sq)
 
 
-def increase(diversity: float, fl_min: int, strategy: str, formula: str = "paper") -> int:
+def increase(diversity: float, fl_min: int, strategy: str, formula: str = "reference") -> int:
     """Eq. 4: PushUp's increase ``s`` of the fractional length from the window's gradient diversity.
 
-    ``paper`` (the default) reads the garbled eq. 4 as ``s1 = max(ceil(1 / (ln Δs - 1)), 1)`` and
-    ``s2 = max(min(ceil(32 log2 Δs - 1), 32) - FL_min, 1)``, applied where ``ln Δs > 0``; ``s1`` is capped
-    at 32 (where ``ln Δs`` is 1 or just above it, ``1 / (ln Δs - 1)`` has no bound). ``reference`` is
-    lorenz0890/AdaPT's reading: with ``L = ln Δs - 1``, where ``L > 0``: ``s1 = max(ceil(1 / L²), 1)``,
-    ``s2 = max(min(ceil(32 L²), 32) - FL_min, 0)``. The strategy combines them: ``min``, ``ceil(mean)``
-    or ``max``. Otherwise, and where Δs is 0 or infinite, s = 1.
+    ``reference`` (the default) is lorenz0890/AdaPT's reading, which produced the published tables:
+    with ``L = ln Δs - 1``, where ``L > 0``: ``s1 = max(ceil(1 / L²), 1)``, ``s2 = max(min(ceil(32 L²), 32)
+    - FL_min, 0)``, no bound on ``s1``: as ``ln Δs`` falls to 1, ``s1`` grows without bound, and under
+    ``mean`` or ``max`` the format then jumps to the top of its range (the reference's logged runs show
+    such jumps). ``paper`` reads the garbled eq. 4 as ``s1 = max(ceil(1 / (ln Δs - 1)), 1)`` and ``s2 =
+    max(min(ceil(32 log2 Δs - 1), 32) - FL_min, 1)``, applied where ``ln Δs > 0``, with ``s1`` capped at 32:
+    ``s`` counts bits of a fractional length of at most 32, so a larger suggestion says no more than 32
+    does under ``min`` and ``max`` (FL stops at 32 either way), and ``1 / (ln Δs - 1)`` needs a value at its
+    pole ``ln Δs = 1``; the cap changes ``mean`` only, where an unbounded ``s1`` would make the mean of the
+    two suggestions the pole's alone. The strategy combines them: ``min``, ``ceil(mean)`` or ``max``.
+    Otherwise, and where Δs is 0 or infinite, s = 1.
     """
     if not 0 < diversity < math.inf:
         return 1
@@ -165,7 +238,7 @@ def increase(diversity: float, fl_min: int, strategy: str, formula: str = "paper
     return math.ceil(0.5 * (s1 + s2))
 
 
-def pushup(minimal: Format, s: int, buffer_bits: int, formula: str = "paper") -> Format:
+def pushup(minimal: Format, s: int, buffer_bits: int, formula: str = "reference") -> Format:
     """The new format from PushDown's ``minimal`` one and the increase ``s``, framed by ``buffer_bits``.
 
     ``FL = min(FL_min + s, 32)``; then the buffer bits: ``FL = min(FL, 32 - buff)``, ``WL = max(min(FL + buff,

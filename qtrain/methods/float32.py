@@ -1,7 +1,35 @@
-"""float32: the plain baseline, same trainer and cost accounting (32/32/32 bits) as every method."""
+"""float32: the plain baseline, same trainer and cost accounting (32/32/32 bits) as every method.
 
-from qtrain.methods.base import Method
+Its options make AdaPT's float32 baselines (AdaPT paper Tables 1-4; lorenz0890/AdaPT, models/alexnet.py
+and models/resnet.py with the ``*_sgd_fl32_*`` configs): ``init: tnvs`` draws the Conv2d/Linear weights
+as AdaPT does (Sec. 3.1, ``init_scale`` s) and ``l1`` adds ``l1 * Σ|p|`` over every parameter to the loss,
+as the reference's float32 models do. Both are AdaPT's own (:func:`qtrain.methods.adapt.initialize`,
+:func:`qtrain.methods.adapt.l1_norm`); the defaults (``init: model``, ``l1: 0``) leave plain float32
+training unchanged. The reference's float32 L2 is the optimizer's weight decay (``optim.weight_decay``).
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from qtrain.methods.adapt import check_init_and_l1, initialize, l1_norm
+from qtrain.methods.base import Method, StepInfo
 
 
 class Float32(Method):
     name = "float32"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        super().__init__(cfg)
+        check_init_and_l1(cfg)
+        self.params: list[nn.Parameter] = []
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        initialize(model, self.cfg.init, self.cfg.init_scale)
+        self.params = list(model.parameters())
+        return model
+
+    def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
+        return loss + self.cfg.l1 * l1_norm(self.params) if self.cfg.l1 else loss

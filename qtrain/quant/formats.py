@@ -84,18 +84,21 @@ def _fixed_args(x: torch.Tensor, wl: int, fl: int, symmetric: bool) -> tuple[tor
 
 
 def fixed_point(
-    x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False, clamp: bool = True
+    x: torch.Tensor, wl: int, fl: int, rounding: Rounding = "nearest", symmetric: bool = False, clamp: bool = True,
+    key: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize to signed fixed point with ``wl`` bits in all, ``fl`` of them fractional.
 
     With ``clamp=False`` values beyond the range are rounded onto the grid but not clamped (QPyTorch's
     ``clamp=False``: the precision of the format without its range). NaN stays NaN; ±inf clamp to the
     ends of the range, or stay ±inf without clamping. Codes are float32: from ``wl = 26`` the top code
-    ``2^(wl-1) - 1`` is not a float32 and the range's upper end rounds to ``2^(wl-1)``.
+    ``2^(wl-1) - 1`` is not a float32 and the range's upper end rounds to ``2^(wl-1)``. ``key`` gives the
+    stochastic draws (:func:`~qtrain.quant.rounding.key_for`; drawn here where None).
     """
     stochastic = _stochastic(rounding)
     scale, bounds = _fixed_args(x, wl, fl, symmetric)
-    return _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=clamp, mask=False)
+    key = key_for(stochastic, x.device) if key is None else key.to(x.device)
+    return _fixed_point(x, scale, bounds, key, stochastic=stochastic, clamp=clamp, mask=False)
 
 
 def fixed_point_with_mask(
