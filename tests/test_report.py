@@ -496,3 +496,44 @@ def test_the_latex_exports_compile(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
     assert (tmp_path / "doc.pdf").stat().st_size > 1000
+
+
+def test_seeds_plot_as_their_mean_with_a_min_max_band_and_a_marker_each(tmp_path):
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+
+    from qtrain.report.plots import _config_lines, seed_marker
+
+    accs = [[0.40, 0.60, 0.70], [0.50, 0.62, 0.64], [0.45, 0.58, 0.76]]
+    for seed, acc in enumerate(accs):
+        fake_run(tmp_path, f"p{seed}", "pfq", acc, [1e9, 2e9, 3e9], seed=seed, model="resnet20",
+                 metrics_extra={"stage": [0, 1, 1] if seed else [0, 0, 1]})
+    fake_run(tmp_path, "sbm", "sbm", [0.5, 0.6, 0.7], [4e9, 8e9, 1.2e10], model="resnet20")
+    axes = Figure().add_subplot()
+    assert _config_lines(find_runs([tmp_path]), axes, "effective_macs", "test_acc", 100.0)
+    lines = {line.get_label(): line for line in axes.lines}
+    mean = lines["pfq (mean of 3 seeds)"]
+    assert list(mean.get_ydata()) == pytest.approx([100 * statistics.fmean(a[i] for a in accs) for i in range(3)])
+    assert "sbm seed 0" in lines  # one seed: its own line
+    band = [c for c in axes.collections if isinstance(c, PolyCollection)]
+    assert len(band) == 1
+    ys = band[0].get_paths()[0].vertices[:, 1]
+    assert (ys.min(), ys.max()) == (pytest.approx(40.0), pytest.approx(76.0))  # min-max over the seeds
+    pfq_markers = [line.get_marker() for line in axes.lines if line.get_linestyle() == "None"
+                   and line.get_label().startswith("_") and line.get_color() == mean.get_color()]
+    assert sorted(pfq_markers) == sorted(seed_marker(i) for i in range(3)) and len(set(pfq_markers)) == 3
+    assert "seed #3 of a configuration" in lines
+    names = [path.name for path in write_plots(find_runs([tmp_path]), tmp_path / "plots")]
+    assert any(name.startswith("loss-turning-points") for name in names)
+
+
+def test_an_option_has_one_colour_in_every_allocation_plot():
+    from qtrain.report.plots import share_colour
+
+    # DFQ on ResNet-20 and FracTrain on MobileNetV2 allocate among different options; FW6/BW8 is in both
+    assert share_colour("FW6/BW8") == share_colour("FW6/BW8.0")
+    resnet = ["FW2/BW6", "FW3/BW6", "FW4/BW6", "FW4/BW12", "FW6/BW8", "FW6/BW12"]
+    mobilenet = ["FW4/BW8", "FW6/BW8", "FW6/BW10", "FW8/BW8"]
+    colours = [share_colour(option) for option in sorted(set(resnet + mobilenet))]
+    assert len(set(colours)) == len(colours)  # no two configured options alike
+    assert share_colour("skipped") == (0.85, 0.85, 0.85, 1.0) and share_colour("4 bits") != share_colour("2 bits")
