@@ -21,6 +21,11 @@ final test accuracy (aggregated as the figures are; the whole run where it never
 computes it (``utils/analytics.py``: ``su_own / iso_acc`` against the float32 accuracy in its config; it
 logs the accuracy per validation batch, qtrain per epoch, so the share counts the epoch that reaches it).
 
+Runs at a reduced scale (``mini``, ``smoke``; :attr:`Run.scale`) are grouped apart from paper-scale ones and read
+through :func:`views`: each scale-bound figure (:data:`SCALE_BOUND`) as its difference to, or saving against, the
+table's baseline cell, beside the same figure from the paper's cells, and the absolute figures as context only.
+The cells no run matches are listed by :func:`missing`: not produced by qtrain (why), or not run yet (the command).
+
 Some figures have a second reading shown beside ours (``beside``): Sec. 4.1.2's printed speedup formula
 beside the reference code's that the tables print, and the sparsity weighted by weight count beside
 Table 5's mean over tensors.
