@@ -35,9 +35,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
-from qtrain.config import check_command_line, run_dir_name, sweep_size, validate
+from qtrain.config import check_command_line, run_dir_name, sweep_size, swept_keys, validate
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
-from qtrain.launch import job_threads, machine_cores, use_threads
+from qtrain.launch import job_tag, job_threads, machine_cores, tag_log_lines, use_threads
 
 _new_dirs: list[Path] = []  # the folders of this single run's directory that did not exist before it
 
@@ -86,6 +86,7 @@ class RunCallback(Callback):
         # shared file are not atomic on the network filesystems a cluster's jobs share).
         self.manifest: Path | None = None
         self.threads: int | None = None  # torch threads of each job of a sweep (qtrain.launch)
+        self.swept: set[str] | None = None  # the keys a parallel sweep varies: its jobs tag their log lines with them
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         HydraConfig.instance().set_config(config)
@@ -101,15 +102,20 @@ class RunCallback(Callback):
             _fail(err)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        overrides = list(config.hydra.overrides.task)
         try:
-            self.threads = job_threads(config.hydra.launcher, sweep_size(list(config.hydra.overrides.task)), machine_cores())
+            self.threads = job_threads(config.hydra.launcher, sweep_size(overrides), machine_cores())
         except QtrainError as err:
             _fail(err)
+        if "n_jobs" in config.hydra.launcher:  # joblib: the jobs share this terminal (submitit's log to files of their own)
+            self.swept = swept_keys(overrides)
         self.manifest = Path(str(config.hydra.sweep.dir)).absolute() / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}"
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.threads is not None:  # in the job's own process, before its run imports torch
             use_threads(self.threads)
+        if self.swept is not None:
+            tag_log_lines(job_tag(config.hydra.job.num, list(config.hydra.overrides.task), self.swept))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.manifest is None:

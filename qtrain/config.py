@@ -94,6 +94,11 @@ def sweep_size(overrides: list[str]) -> int | None:
     return size
 
 
+def swept_keys(overrides: list[str]) -> set[str]:
+    """The keys (and groups) a sweep's command line gives several values."""
+    return {override.key_or_group for override in _parse(overrides) if override.is_sweep_override()}
+
+
 def _is_group(override: Any) -> bool:
     return override.key_or_group in GROUPS and override.package is None
 

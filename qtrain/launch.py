@@ -7,6 +7,9 @@
 - ``hydra/launcher=slurm`` and submitit's local launcher give each job ``cpus_per_task`` CPUs.
 - The basic launcher runs one job at a time, with torch's own choice (every core).
 
+Under the parallel launcher the jobs' log lines (each epoch's line) go to one terminal side by side: each job
+prefixes its own with a tag, its number and the values of the keys the sweep varies (:func:`tag_log_lines`).
+
 The decision is made once, when the sweep starts (:func:`job_threads`, before any work, so a bad
 ``n_jobs`` is one line), and applied in each job's process before torch starts its thread pools
 (:func:`use_threads`); ``summary.json`` records the threads a run had.
@@ -14,6 +17,7 @@ The decision is made once, when the sweep starts (:func:`job_threads`, before an
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -64,3 +68,27 @@ def use_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def job_tag(num: int, overrides: list[str], swept: set[str]) -> str:
+    """A job's short name in the log: ``[3 method=dfq seed=1]``, its number and its values of the ``swept`` keys."""
+    values = [text for text in overrides if text.partition("=")[0].lstrip("+~") in swept]
+    return "[" + " ".join([str(num), *values]) + "]"
+
+
+class _Tagged(logging.Formatter):
+    """Another formatter's lines, each prefixed with a tag."""
+
+    def __init__(self, tag: str, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.tag, self.inner = tag, inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(f"{self.tag} {line}" for line in self.inner.format(record).splitlines())
+
+
+def tag_log_lines(tag: str) -> None:
+    """Prefix every line this process logs through the root logger's handlers (Hydra's job logging) with ``tag``."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler.formatter, _Tagged):
+            handler.setFormatter(_Tagged(tag, handler.formatter))

@@ -151,7 +151,8 @@ def test_every_paper_table_is_reported_from_its_smoke_run(table, smoke_runs):
     _run_at_smoke(table, smoke_runs, *(["method.fw=[4,4,6,8]"] if table == "fractrain_table1" else []))
     comparison, _ = compare(find_runs([smoke_runs]), table)
     assert len(comparison) and comparison.ours.notna().any()  # the paper's cells beside figures of ours
-    assert f"Table {table.rpartition('table')[2]}: paper and ours" in report([str(smoke_runs), "--paper", table])
+    assert set(comparison.scale) == {"smoke"}  # the stand-in data tells the scale of a run with no command line
+    assert f"Table {table.rpartition('table')[2]} at smoke scale: " in report([str(smoke_runs), "--paper", table])
 
 
 def _documented_commands() -> list[tuple[str, str]]:
@@ -181,3 +182,19 @@ def test_documented_commands_compose(experiment, command, tmp_path):
     parsed = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()]
     make_config(*fixed)
+
+
+@pytest.mark.parametrize("experiment", sorted({e for e, _ in _documented_commands() if e.startswith(("fractrain_", "dynasty_"))}))
+def test_cifar10_cells_come_first_and_cifar100_apart(experiment):
+    # a header's first command must run without CIFAR-100 on disk: each command names one CIFAR dataset
+    import shlex
+
+    datasets = []
+    for found, command in _documented_commands():
+        words = dict(word.partition("=")[::2] for word in shlex.split(command) if word.startswith("data="))
+        if found == experiment and words:
+            assert "," not in words["data"], command
+            datasets.append(words["data"])
+    cifar = [name for name in datasets if name in ("cifar10", "cifar100")]
+    if "cifar10" in cifar:
+        assert cifar[0] == "cifar10", datasets

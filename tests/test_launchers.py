@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from qtrain.cli import conf_dir
 from qtrain.config import check_command_line, digest, identity, run_dir_name, sweep_size
 from qtrain.errors import ConfigError
-from qtrain.launch import job_threads
+from qtrain.launch import job_tag, job_threads
 
 from .conftest import TINY, make_config, run_cli
 
@@ -201,3 +201,20 @@ def test_slurm_jobs_resume_after_a_time_out_and_the_last_time_out_is_recorded(tm
     [log1] = logs.glob("101_1/*_log.out")
     assert f"after epoch {done}" in log1.read_text()
     assert pd.read_csv(run1 / "metrics.csv")["epoch"].tolist() == [1, 2, 3, 4]
+
+
+def test_parallel_jobs_tag_their_log_lines_and_a_single_run_does_not(tmp_path):
+    sweep = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "method=float32,sbm", *TINY,
+                    "train.epochs=1", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr
+    epochs = [line for line in sweep.stdout.splitlines() if " epoch 1/1 " in line]
+    assert sorted(line.split(" epoch ")[0] for line in epochs) == ["[0 method=float32]", "[1 method=sbm]"]
+    single = run_cli("method=sbm", *TINY, "train.epochs=1", "seed=5", cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    assert [line for line in single.stdout.splitlines() if "epoch 1/1" in line][0].startswith("epoch 1/1 ")
+
+
+def test_a_job_tag_names_the_swept_values():
+    assert job_tag(3, ["experiment=fractrain_table3", "method=dfq", "model=resnet74", "seed=1"], {"method", "seed"}) \
+        == "[3 method=dfq seed=1]"
+    assert job_tag(0, ["+x=1"], set()) == "[0]"

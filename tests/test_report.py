@@ -22,8 +22,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from qtrain.cli import conf_dir
-from qtrain.report.cli import report
-from qtrain.report.paper import compare, load_table, paper_tables
+from qtrain.report.cli import latex, report
+from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
 from qtrain.report.plots import _average_bits, write_plots
 from qtrain.report.runs import ReportError, find_runs
 from qtrain.report.tables import display_frame, run_frame, summary_frame
@@ -41,10 +41,14 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
              method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
              precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None,
-             optim_keys: dict | None = None) -> Path:
-    """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None."""
+             optim_keys: dict | None = None, scale: str | None = None) -> Path:
+    """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None;
+    ``scale`` on its recorded command line (``.hydra/overrides.yaml``)."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
+    if scale is not None:
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(["method=" + method, f"scale={scale}"]))
     config = {"method": _method(method, **(method_keys or {})), "model": {"name": model},
               "data": {"name": data, **(data_keys or {})}, "seed": seed,
               "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}, "optim": optim_keys or {}}
@@ -60,7 +64,7 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
                    "config": config, **(summary_extra or {})}
         (run_dir / "summary.json").write_text(json.dumps(summary))
     else:
-        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra").mkdir(exist_ok=True)
         (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config))
     return run_dir
 
@@ -135,7 +139,7 @@ def test_dynasty_table_beside_ours(dynasty_sweep):
     assert cells.loc[("CIFAR-100 / Banner et al. / 8", "Top 1 Validation Accuracy (%) (parenthesized)")].ours \
         == pytest.approx(74.0 - 77.0)
     assert ("CIFAR-100 / DYNASTY / 2", "Top 1 Validation Accuracy (%)") not in cells.index  # not run
-    assert unmatched == len(paper) - len(comparison)
+    assert len(unmatched) == len(paper) - len(comparison)
 
 
 def test_a_cell_matches_only_runs_with_its_setting(tmp_path):
@@ -321,3 +325,215 @@ def test_bad_input_is_one_line(tmp_path, args, message, monkeypatch):
     args = ["empty" if a == "." else a for a in args]
     with pytest.raises(ReportError, match=message.replace("(", r"\(")):
         report(args)
+
+
+def _table3_mini(root: Path, scale: str = "mini") -> None:
+    """FracTrain Table 3's ResNet-38 CIFAR-10 rows at a reduced scale: SBM once, FracTrain over two seeds, with
+    the window and L_scale epochs its scale file sets (conf/scale/method/<scale>_fractrain.yaml)."""
+    scale_keys = OmegaConf.to_container(OmegaConf.load(conf_dir() / "scale" / "method" / f"{scale}_fractrain.yaml"))
+    common = {"model": "resnet38", "data": "cifar10", "epochs": 8, "scale": scale}
+    fake_run(root, "sbm", "sbm", [0.2, 0.281], [1e11, 2e11], method_keys={"act_range": "tensor", "last_layer": "float32"},
+             summary_extra={"hardware": {"models": {"bitfusion": {"joules": 60.0, "seconds": 540.0}}}}, **common)
+    for seed, (acc, macs, joules) in enumerate([(0.262, 7.2e10, 40.0), (0.270, 7.0e10, 42.0)]):
+        fake_run(root, f"ft{seed}", "fractrain", [0.2, acc], [4e10, macs], seed=seed, method_keys=scale_keys,
+                 summary_extra={"hardware": {"models": {"bitfusion": {"joules": joules, "seconds": 400.0}}}}, **common)
+
+
+def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
+    _table3_mini(tmp_path)
+    comparison, _ = compare(find_runs([tmp_path]), "fractrain_table3")
+    assert set(comparison.scale) == {"mini"}
+    parts = dict(views(comparison))
+    assert list(parts) == ["comparable", "scale-bound"]  # nothing at paper scale: today's view has no row
+    row = "ResNet-38 CIFAR-10 / FracTrain / cp=1.5/2/2.5/3"
+    comparable = parts["comparable"].set_index(["row", "column"])
+    acc = comparable.loc[(row, "Acc (%)")]
+    assert acc.figure == "difference to SBM" and acc.paper == pytest.approx(92.54 - 92.66)  # the paper's own cells
+    assert acc.ours == pytest.approx(statistics.fmean([26.2 - 28.1, 27.0 - 28.1]))
+    assert acc.ours_std == pytest.approx(statistics.stdev([26.2 - 28.1, 27.0 - 28.1]))
+    assert acc.difference == pytest.approx(acc.ours - acc.paper)
+    macs = comparable.loc[(row, "MACs")]
+    assert macs.figure == "% saved against SBM" and macs.paper == pytest.approx(100 * (1 - 3.97e13 / 1.18e14))
+    assert macs.ours == pytest.approx(statistics.fmean([100 * (1 - 7.2e10 / 2e11), 100 * (1 - 7e10 / 2e11)]))
+    energy = comparable.loc[(row, "Energy (kJ)")]
+    assert energy.paper == pytest.approx(100 * (1 - 22.93 / 33.55)) and energy.ours == pytest.approx(100 * (1 - 41 / 60))
+    assert comparable.loc[(row, "Latency (min)")].ours == pytest.approx(100 * (1 - 400 / 540))
+    improvement = comparable.loc[("ResNet-38 CIFAR-10 / FracTrain Improv.", "Acc (%)")]  # relative as printed
+    assert improvement.paper == pytest.approx(-0.12) and improvement.ours == pytest.approx(acc.ours)
+    assert not comparable.index.get_level_values("row").str.contains("SBM").any()  # the baseline against itself: no row
+    bound = parts["scale-bound"].set_index(["row", "column"])
+    assert "difference" not in bound  # absolute figures are context, not compared
+    assert bound.loc[("ResNet-38 CIFAR-10 / SBM / FW-8 / BW-8", "Acc (%)")].ours == pytest.approx(28.1)
+    assert len(bound) == 8  # SBM and FracTrain: accuracy, MACs, energy, latency; and nothing else absolute
+    shown = report([str(tmp_path), "--paper", "fractrain_table3"])
+    assert "## FracTrain Table 3 at mini scale: against the table's SBM row" in shown
+    assert "## FracTrain Table 3 at mini scale: scale-bound absolute figures" in shown
+    assert "FracTrain Table 3: paper and ours" not in shown and "-1.18e+14" not in shown
+
+
+def test_a_paper_scale_table_keeps_its_view_and_mixed_scales_split(tmp_path):
+    fake_run(tmp_path, "sbm", "sbm", [0.5, 0.9], [1e13, 1.2e14], model="resnet38", data="cifar10", epochs=160,
+             method_keys={"act_range": "tensor", "last_layer": "float32"})
+    paper_scale, _ = compare(find_runs([tmp_path]), "fractrain_table3")
+    assert [kind for kind, _ in views(paper_scale)] == ["paper scale"]
+    cells = paper_scale.set_index(["row", "column"])
+    assert cells.loc[("ResNet-38 CIFAR-10 / SBM / FW-8 / BW-8", "MACs")].difference == pytest.approx(1.2e14 - 1.18e14)
+    shown = report([str(tmp_path), "--paper", "fractrain_table3"])
+    assert "FracTrain Table 3: paper and ours" in shown and "| scale" not in shown  # no scale column at paper scale
+    _table3_mini(tmp_path / "mini")
+    mixed, _ = compare(find_runs([tmp_path]), "fractrain_table3")
+    assert [kind for kind, _ in views(mixed)] == ["paper scale", "comparable", "scale-bound"]
+    sbm = mixed[(mixed.row == "ResNet-38 CIFAR-10 / SBM / FW-8 / BW-8") & (mixed.column == "Acc (%)")].set_index("scale")
+    assert sbm.loc["paper", "ours"] == pytest.approx(90.0) and sbm.loc["mini", "ours"] == pytest.approx(28.1)
+    acc = dict(views(mixed))["comparable"].set_index(["row", "column"]).loc[
+        ("ResNet-38 CIFAR-10 / FracTrain / cp=1.5/2/2.5/3", "Acc (%)")]
+    assert acc.ours == pytest.approx(26.6 - 28.1)  # against the SBM run of its own scale, not the paper-scale one
+
+
+def test_the_scale_files_settings_are_not_a_runs_setting(tmp_path):
+    _table3_mini(tmp_path / "mini")
+    _table3_mini(tmp_path / "smoke", "smoke")
+    fake_run(tmp_path, "ft-w4", "fractrain", [0.2, 0.3], [1, 2], model="resnet38", data="cifar10", epochs=8,
+             scale="mini", method_keys={"window": 4, "scale_epochs": 2})  # a window the run chose itself
+    frame = run_frame(find_runs([tmp_path]))
+    fractrain = frame[frame.method == "fractrain"]
+    assert sorted(fractrain.setting) == ["", "", "", "", "window=4"]
+    assert set(fractrain.scale) == {"mini", "smoke"} and set(frame.config) == {""}  # the scale is its own column
+    shown = display_frame(summary_frame(frame))
+    assert "scale_epochs" not in " ".join(shown.setting) and set(shown.scale) == {"mini", "smoke"}
+    assert len(shown[shown.method == "fractrain"]) == 3  # mini, smoke, and mini with its own window
+
+
+def test_a_runs_scale_is_read_from_its_command_line(tmp_path):
+    recorded = fake_run(tmp_path, "mini", "sbm", [0.5], [1], scale="mini")
+    unrecorded = fake_run(tmp_path, "plain", "sbm", [0.5], [1], seed=1)
+    stand_in = fake_run(tmp_path, "smoke", "sbm", [0.5], [1], seed=2, data_keys={"stand_in_for": "cifar100"})
+    damaged = fake_run(tmp_path, "damaged", "sbm", [0.5], [1], seed=3, scale="mini")
+    (damaged / ".hydra" / "overrides.yaml").write_bytes(b"- scale=[mini\n\xff: {")  # not YAML: the fallback
+    scales = {run.dir: run.scale for run in find_runs([tmp_path])}
+    assert (scales[recorded], scales[unrecorded], scales[stand_in], scales[damaged]) == ("mini", "paper", "smoke", "paper")
+
+
+def test_cells_without_a_run_are_listed_by_why_and_by_command(tmp_path):
+    _table3_mini(tmp_path)
+    _, missing = compare(find_runs([tmp_path]), "fractrain_table3")
+    table = load_table("fractrain_table3")
+    assert len(missing) == len(table) - 8 - 1  # the runs give 2 rows of 4 cells and the improvement's accuracy
+    cells = missing.set_index(["row", "column"])
+    unnamed = table[table.method == ""]  # the cells whose run results/paper/README.md says qtrain does not have
+    assert set(cells.index[cells.group == "not produced by qtrain"]) == set(zip(unnamed.row, unnamed.column))
+    assert cells.why[("ResNet-74 CIFAR-100 / WAGEUBN / FW-8 / BW-8", "Acc (%)")] == "WAGEUBN is not a qtrain method"
+    assert cells.why[("ResNet-38 CIFAR-10 / DoReFa / FW-8 / BW-8", "MACs")] == "DoReFa is not a qtrain method"
+    assert cells.why[("ResNet-38 CIFAR-10 / FracTrain Improv.", "MACs (range low)")].startswith(
+        "the range's end that is a saving over WAGEUBN or DoReFa")
+    assert cells.why[("ResNet-74 CIFAR-100 / DFQ / cp=3", "Acc (%)")] == (
+        "qtrain -m experiment=fractrain_table3 method=dfq model=resnet74 data=cifar100 scale=mini data.root=DATA "
+        "hydra.sweep.dir=OUT/fractrain_table3")  # the header's sweep cut to that run, at the report's scale
+    assert cells.why[("ResNet-38 CIFAR-100 / SBM / FW-8 / BW-8", "MACs")] == (
+        "qtrain -m experiment=fractrain_table3 method=sbm method.act_range=tensor method.last_layer=float32 "
+        "model=resnet38 data=cifar100 scale=mini data.root=DATA hydra.sweep.dir=OUT/fractrain_table3")
+    shown = report([str(tmp_path), "--paper", "fractrain_table3"])
+    assert f"{len(missing)} of the table's cells have no run here:" in shown
+    assert f"- not produced by qtrain (why): {len(unnamed)}" in shown
+    assert f"- not run yet (the command that makes it): {len(missing) - len(unnamed)}" in shown
+    assert "  - WAGEUBN is not a qtrain method: ResNet-38 CIFAR-10 / WAGEUBN / FW-8 / BW-8 (4 cells);" in shown
+
+
+def test_why_and_commands_for_cells_of_other_tables():
+    dynasty = load_table("dynasty_table1").set_index(["row", "column"], drop=False)
+    cell = dynasty.loc[("CIFAR-100 / DYNASTY / 2", "Top 1 Validation Accuracy (%)")]
+    assert command("dynasty_table1", cell, "smoke") == ("qtrain -m experiment=dynasty_table1 method.target_bits=2 "
+                                                        "scale=smoke data.root=DATA hydra.sweep.dir=OUT/dynasty")
+    banner = missing("dynasty_table1", dynasty.loc[[("CIFAR-100 / Banner et al. / 8", "Average Bit-Width*")]])
+    assert banner.group.tolist() == ["not produced by qtrain"] and "not a figure qtrain reports for sbm" in banner.why[0]
+    table4 = missing("fractrain_table4", load_table("fractrain_table4")).set_index(["row", "column"])
+    assert table4.why[("ResNet-34 / SBM / FW-8 / BW-16", "MACs")] == "ResNet-34 is not a qtrain model"
+    assert "dfq_options: null" in table4.why[("ResNet-18 / FracTrain / cp=3/3.5/4/4.5", "MACs")]
+    sbm = table4.loc[("ResNet-18 / SBM / FW-8 / BW-16", "MACs")]  # no experiment of its table: the plain command, said so
+    assert sbm.group == "not run yet" and sbm.why.startswith(
+        "qtrain method=sbm model=resnet18 data=imagenet method.grad_bits=16 method.grad_weight_bits=16 ")
+    assert "no command in the header of conf/experiment/fractrain_table4.yaml makes it" in sbm.why
+
+
+def test_latex_escapes_what_latex_reads_as_commands():
+    frame = pd.DataFrame({"set_ting": ["a_b & c", "50% #1 $x$ {y}"], "test acc %": ["76.00 ± 1.41", "∆ −2"]})
+    text = latex(frame)
+    assert r"set\_ting" in text and r"test acc \%" in text
+    assert r"a\_b \& c" in text and r"50\% \#1 \$x\$ \{y\}" in text
+    assert r"76.00 $\pm$ 1.41" in text and r"$\Delta$ -2" in text
+    assert all(ord(character) < 128 for character in text)  # nothing the default input encoding lacks
+
+
+def test_paper_tables_export_beside_the_runs_table(tmp_path):
+    _table3_mini(tmp_path / "runs")
+    report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "dynasty_table1", "--csv", str(tmp_path / "t.csv"),
+            "--latex", str(tmp_path / "t.tex")])
+    assert set(pd.read_csv(tmp_path / "t.csv").method) == {"sbm", "fractrain"}  # the runs table, as before
+    exported = pd.read_csv(tmp_path / "t-fractrain_table3.csv")
+    counts = exported.view.value_counts()
+    assert (counts["comparable"], counts["scale-bound"]) == (5, 8)  # FracTrain's 4 relative figures and the printed Acc
+    saved = exported[(exported.view == "comparable") & (exported.column == "MACs")]
+    assert saved.ours.iloc[0] == pytest.approx(statistics.fmean([100 * (1 - 7.2e10 / 2e11), 100 * (1 - 7e10 / 2e11)]))
+    assert counts["not produced by qtrain"] == (load_table("fractrain_table3").method == "").sum()
+    assert exported[exported.view == "not run yet"].why.str.startswith("qtrain ").all()
+    dynasty = pd.read_csv(tmp_path / "t-dynasty_table1.csv")
+    assert set(dynasty.view) == {"not produced by qtrain", "not run yet"}  # no run of it here: the cells to make
+    tex = (tmp_path / "t-fractrain_table3.tex").read_text()
+    assert tex.count(r"\begin{tabular}") == 2 and "% FracTrain Table 3 at mini scale: scale-bound" in tex
+    assert r"\% saved against SBM" in tex
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+def test_the_latex_exports_compile(tmp_path):
+    _table3_mini(tmp_path / "runs")
+    fake_run(tmp_path / "runs", "odd", "sbm", [0.5], [1e9], model="resnet38", data="cifar10", epochs=8, scale="mini",
+             method_keys={"act_range": "tensor", "last_layer": "float32", "grad_bits": 16})  # a setting with _
+    report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "--latex", str(tmp_path / "t.tex")])
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage[utf8]{inputenc}\\usepackage{booktabs}"
+                                      "\\begin{document}\\input{t.tex}\\input{t-fractrain_table3.tex}\\end{document}\n")
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 1000
+
+
+def test_seeds_plot_as_their_mean_with_a_min_max_band_and_a_marker_each(tmp_path):
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+
+    from qtrain.report.plots import _config_lines, seed_marker
+
+    accs = [[0.40, 0.60, 0.70], [0.50, 0.62, 0.64], [0.45, 0.58, 0.76]]
+    for seed, acc in enumerate(accs):
+        fake_run(tmp_path, f"p{seed}", "pfq", acc, [1e9, 2e9, 3e9], seed=seed, model="resnet20",
+                 metrics_extra={"stage": [0, 1, 1] if seed else [0, 0, 1]})
+    fake_run(tmp_path, "sbm", "sbm", [0.5, 0.6, 0.7], [4e9, 8e9, 1.2e10], model="resnet20")
+    axes = Figure().add_subplot()
+    assert _config_lines(find_runs([tmp_path]), axes, "effective_macs", "test_acc", 100.0)
+    lines = {line.get_label(): line for line in axes.lines}
+    mean = lines["pfq (mean of 3 seeds)"]
+    assert list(mean.get_ydata()) == pytest.approx([100 * statistics.fmean(a[i] for a in accs) for i in range(3)])
+    assert "sbm seed 0" in lines  # one seed: its own line
+    band = [c for c in axes.collections if isinstance(c, PolyCollection)]
+    assert len(band) == 1
+    ys = band[0].get_paths()[0].vertices[:, 1]
+    assert (ys.min(), ys.max()) == (pytest.approx(40.0), pytest.approx(76.0))  # min-max over the seeds
+    pfq_markers = [line.get_marker() for line in axes.lines if line.get_linestyle() == "None"
+                   and line.get_label().startswith("_") and line.get_color() == mean.get_color()]
+    assert sorted(pfq_markers) == sorted(seed_marker(i) for i in range(3)) and len(set(pfq_markers)) == 3
+    assert "seed #3 of a configuration" in lines
+    names = [path.name for path in write_plots(find_runs([tmp_path]), tmp_path / "plots")]
+    assert any(name.startswith("loss-turning-points") for name in names)
+
+
+def test_an_option_has_one_colour_in_every_allocation_plot():
+    from qtrain.report.plots import share_colour
+
+    # DFQ on ResNet-20 and FracTrain on MobileNetV2 allocate among different options; FW6/BW8 is in both
+    assert share_colour("FW6/BW8") == share_colour("FW6/BW8.0")
+    resnet = ["FW2/BW6", "FW3/BW6", "FW4/BW6", "FW4/BW12", "FW6/BW8", "FW6/BW12"]
+    mobilenet = ["FW4/BW8", "FW6/BW8", "FW6/BW10", "FW8/BW8"]
+    colours = [share_colour(option) for option in sorted(set(resnet + mobilenet))]
+    assert len(set(colours)) == len(colours)  # no two configured options alike
+    assert share_colour("skipped") == (0.85, 0.85, 0.85, 1.0) and share_colour("4 bits") != share_colour("2 bits")

@@ -3,6 +3,13 @@ LaTeX, PNG plots and one HTML page; ``--paper`` sets published tables beside our
 only in seed or cross-validation fold are one row: their mean ± std, or with ``--aggregate best`` the best
 run's figures (AdaPT's tables: the best of 10 folds, ``data.fold=0..9``).
 
+A paper table's cells reproduced at paper scale are shown beside the paper's with the difference. Cells of
+runs at a reduced scale (``mini``, ``smoke``) are shown in two parts: what compares across scales (each
+accuracy as its difference to the table's baseline row, each cost, energy and latency as the percentage saved
+against it, beside the same figure computed from the paper's cells; figures that are relative already), then
+the absolute figures as scale-bound context. The cells without a run are listed in two groups: not produced by
+qtrain (and why), and not run yet (with the command that makes them).
+
 Errors are one line, ``qtrain-report: error: ...``, exit code 2, before anything is written.
 """
 
@@ -16,7 +23,16 @@ from pathlib import Path
 import pandas as pd
 
 from qtrain.errors import QtrainError
-from qtrain.report.paper import compare, paper_tables
+from qtrain.report.paper import (
+    NAMES,
+    NOT_PRODUCED_GROUP,
+    NOT_RUN_GROUP,
+    compare,
+    load_table,
+    paper_tables,
+    table_baseline,
+    views,
+)
 from qtrain.report.runs import ReportError, find_runs
 from qtrain.report.tables import AGGREGATES, CONFIG_COLUMNS, display_frame, run_frame, summary_frame
 
@@ -34,8 +50,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--aggregate", default="mean", choices=AGGREGATES,
                         help="over the seeds and folds of a configuration: mean ± std (default), or the figures of the "
                              "run with the best final test accuracy (AdaPT's protocol: the best of 10 folds)")
-    parser.add_argument("--csv", type=Path, metavar="FILE", help="write the runs table (mean and std columns) as CSV")
-    parser.add_argument("--latex", type=Path, metavar="FILE", help="write the runs table as a LaTeX tabular")
+    parser.add_argument("--csv", type=Path, metavar="FILE",
+                        help="write the runs table (mean and std columns) as CSV; with --paper, each paper table too, "
+                             "beside it as FILE's name + '-TABLE' (t.csv: t-fractrain_table3.csv), its parts in a "
+                             "'view' column and the cells without a run with the reason or command in 'why'")
+    parser.add_argument("--latex", type=Path, metavar="FILE",
+                        help="write the runs table as a LaTeX tabular (needs \\usepackage{booktabs}); with --paper, "
+                             "each paper table too, as FILE's name + '-TABLE', one tabular per part")
     parser.add_argument("--plots", type=Path, metavar="OUT", help="write the plots as PNG and report.html into OUT")
     return parser.parse_args(argv)
 
@@ -64,14 +85,74 @@ def _title(name: str) -> str:
     return f"{PAPERS.get(paper, paper)} Table {table}"
 
 
-def _paper_frame(comparison: pd.DataFrame) -> pd.DataFrame:
-    shown = comparison.copy()
+def _paper_frame(view: pd.DataFrame) -> pd.DataFrame:
+    """A part of a paper table for reading: ``mean ± std`` cells, columns that say nothing here dropped (the scale
+    at paper scale, the config where no run has one, the beside column where no figure has one)."""
+    shown = view.copy()
     shown["ours"] = [f"{m:.4g}" + ("" if pd.isna(s) else f" ± {s:.2g}") if not pd.isna(m) else "-"
                      for m, s in zip(shown.ours, shown.ours_std)]
-    shown["difference"] = [f"{d:+.4g}" if not pd.isna(d) else "-" for d in shown.difference]
-    shown["paper"] = [f"{p:.4g}" for p in shown.paper]
-    shown["beside"] = [f"{b:.4g} ({what})" if not pd.isna(b) else "" for b, what in zip(shown.beside, shown.beside_is)]
-    return shown.drop(columns=["ours_std", "beside_is"] + ([] if shown.beside.any() else ["beside"]))
+    shown["paper"] = [f"{p:.4g}" if not pd.isna(p) else "-" for p in shown.paper]
+    drop = ["ours_std"]
+    if "difference" in shown:
+        shown["difference"] = [f"{d:+.4g}" if not pd.isna(d) else "-" for d in shown.difference]
+    if "beside" in shown:
+        shown["beside"] = [f"{b:.4g} ({what})" if not pd.isna(b) else "" for b, what in zip(shown.beside, shown.beside_is)]
+        drop += ["beside_is"] + ([] if shown.beside.any() else ["beside"])
+    drop += [column for column, plain in (("scale", "paper"), ("config", "")) if (shown[column] == plain).all()]
+    return shown.drop(columns=drop)
+
+
+def _paper_sections(name: str, comparison: pd.DataFrame, best: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """(kind, heading, numeric frame) for each part of paper table ``name`` (:func:`qtrain.report.paper.views`)."""
+    title = _title(name)
+    parts = views(comparison)
+    if not parts:
+        return [("paper scale", f"{title}: paper and ours{best}", comparison)]
+    reduced = " and ".join(sorted(set(comparison.scale) - {"paper"}))
+    baseline = table_baseline(load_table(name))
+    against = f"against the table's {NAMES.get(baseline, baseline)} row" if baseline else "relative figures"
+    headings = {
+        "paper scale": f"{title}: paper and ours{best}",
+        "comparable": f"{title} at {reduced} scale: {against}, ours beside the paper's{best}",
+        "scale-bound": f"{title} at {reduced} scale: scale-bound absolute figures (context only: not comparable with "
+                       f"the paper's){best}",
+    }
+    return [(kind, headings[kind], frame) for kind, frame in parts]
+
+
+def _missing_note(missing: pd.DataFrame) -> str:
+    """The table's cells without a run, in their two groups, each reason or command once with the rows it covers."""
+    if missing.empty:
+        return ""
+    lines = [f"{len(missing)} of the table's cells have no run here:"]
+    for group, heading in ((NOT_PRODUCED_GROUP, f"{NOT_PRODUCED_GROUP} (why)"),
+                           (NOT_RUN_GROUP, f"{NOT_RUN_GROUP} (the command that makes it)")):
+        cells = missing[missing.group == group]
+        if cells.empty:
+            continue
+        lines.append(f"- {heading}: {len(cells)}")
+        for why, part in cells.groupby("why", sort=False):
+            rows = [f"{row} ({len(cols)} cells)" if len(cols) > 1 else f"{row}: {cols.iloc[0]}"
+                    for row, cols in part.groupby("row", sort=False)["column"]]
+            lines.append(f"  - {why if group == NOT_PRODUCED_GROUP else f'`{why}`'}: {'; '.join(rows)}")
+    return "\n".join(lines)
+
+
+# Characters of our labels and cells that LaTeX's default input encoding does not set, in math mode.
+LATEX_CHARACTERS = {"±": r"$\pm$", "∆": r"$\Delta$", "−": "-", "×": r"$\times$", "≈": r"$\approx$", "·": r"$\cdot$"}
+
+
+def latex(frame: pd.DataFrame) -> str:
+    """``frame`` as a LaTeX tabular (booktabs rules) whose text is escaped: ``%``, ``_``, ``&``, ``#``, ``$``, braces
+    and the rest as LaTeX reads them, and the symbols of :data:`LATEX_CHARACTERS` as math."""
+    text = frame.to_latex(index=False, escape=True, na_rep="-")
+    for character, replacement in LATEX_CHARACTERS.items():
+        text = text.replace(character, replacement)
+    return text
+
+
+def _beside(path: Path, name: str) -> Path:
+    return path.with_name(f"{path.stem}-{name}{path.suffix}")
 
 
 def _write_html(path: Path, sections: list[tuple[str, pd.DataFrame, str]], images: list[Path]) -> None:
@@ -81,7 +162,7 @@ def _write_html(path: Path, sections: list[tuple[str, pd.DataFrame, str]], image
     for heading, frame, note in sections:
         parts += [f"<h2>{html.escape(heading)}</h2>", frame.to_html(index=False, na_rep="-", border=0)]
         if note:
-            parts.append(f"<p>{html.escape(note)}</p>")
+            parts.append(f"<pre style='white-space:pre-wrap'>{html.escape(note)}</pre>")
     parts.append("<h2>Plots</h2>")
     parts += [f"<figure><img src='{html.escape(image.name)}' alt='{html.escape(image.stem)}'></figure>" for image in images]
     path.write_text("\n".join(parts) + "\n")
@@ -96,14 +177,23 @@ def report(argv: list[str] | None = None) -> str:
     table = summary_frame(run_frame(runs), baseline, args.aggregate)
     best = " (each row: its best run)" if args.aggregate == "best" else ""
     sections = [(f"Runs ({len(runs)}){best}", display_frame(table), "")]
+    exports = []
     for name in names:
-        comparison, unmatched = compare(runs, name, args.aggregate)
-        note = f"{unmatched} of the table's cells have no run here." if unmatched else ""
-        sections.append((f"{_title(name)}: paper and ours{best}", _paper_frame(comparison), note))
+        comparison, missing = compare(runs, name, args.aggregate)
+        parts = _paper_sections(name, comparison, best)
+        for i, (_, heading, frame) in enumerate(parts):
+            sections.append((heading, _paper_frame(frame), "" if i < len(parts) - 1 else _missing_note(missing)))
+        exports.append((name, parts, missing))
     if args.csv:
         table.to_csv(args.csv, index=False)
+        for name, parts, missing in exports:
+            frames = [frame.assign(view=kind) for kind, _, frame in parts] + [missing.assign(view=missing.group)]
+            pd.concat(frames).drop(columns="group").to_csv(_beside(args.csv, name), index=False)
     if args.latex:
-        args.latex.write_text(display_frame(table).to_latex(index=False))
+        args.latex.write_text(latex(display_frame(table)))
+        for name, parts, _ in exports:
+            _beside(args.latex, name).write_text("\n".join(f"% {heading}\n{latex(_paper_frame(frame))}"
+                                                           for _, heading, frame in parts))
     if args.plots:
         from qtrain.report.plots import write_plots
 

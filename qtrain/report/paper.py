@@ -21,6 +21,11 @@ final test accuracy (aggregated as the figures are; the whole run where it never
 computes it (``utils/analytics.py``: ``su_own / iso_acc`` against the float32 accuracy in its config; it
 logs the accuracy per validation batch, qtrain per epoch, so the share counts the epoch that reaches it).
 
+Runs at a reduced scale (``mini``, ``smoke``; :attr:`Run.scale`) are grouped apart from paper-scale ones and read
+through :func:`views`: each scale-bound figure (:data:`SCALE_BOUND`) as its difference to, or saving against, the
+table's baseline cell, beside the same figure from the paper's cells, and the absolute figures as context only.
+The cells no run matches are listed by :func:`missing`: not produced by qtrain (why), or not run yet (the command).
+
 Some figures have a second reading shown beside ours (``beside``): Sec. 4.1.2's printed speedup formula
 beside the reference code's that the tables print, and the sparsity weighted by weight count beside
 Table 5's mean over tensors.
@@ -29,6 +34,8 @@ Table 5's mean over tensors.
 from __future__ import annotations
 
 import math
+import re
+import shlex
 import statistics
 from collections.abc import Callable
 from functools import cache
@@ -37,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from qtrain.report.runs import ReportError, Run
+from qtrain.report.runs import ReportError, Run, flatten
 from qtrain.report.tables import AGGREGATES, figure, run_frame, score
 
 HEADER = ["paper", "table", "row", "column", "value", "method", "model", "data", "setting", "metric"]
@@ -202,10 +209,10 @@ RELATIVE: dict[str, tuple[str, tuple[str, ...], Callable[[float, float], float]]
 }
 
 
-def _baseline_cell(table: pd.DataFrame, cell: pd.Series) -> pd.Series | None:
-    """The cell a relative figure is measured against: same model and data, in the same row if there is one, and
-    sharing the most of the cell's overrides outside ``method.`` (FracTrain Table 5's data halves)."""
-    method, metrics, _ = RELATIVE[cell.metric]
+def _baseline_cell(table: pd.DataFrame, cell: pd.Series, method: str, metrics: tuple[str, ...]) -> pd.Series | None:
+    """The cell of ``method`` and one of ``metrics`` that ``cell`` is measured against: same model and data, in the
+    same row if there is one, and sharing the most of the cell's overrides outside ``method.`` (FracTrain Table 5's
+    data halves)."""
     candidates = table[(table.method == method) & (table.model == cell.model) & (table.data == cell.data)
                        & table.metric.isin(metrics)]
     same_row = candidates[candidates.row == cell.row]
@@ -240,7 +247,7 @@ def _data_keys(run: Run) -> dict[str, Any]:
 
 def _same_setup(run: Run, other: Run) -> bool:
     """Same model and data, batch, accumulation, epochs, and data keys but the fold (so the same scale)."""
-    return ((other.model, other.data) == (run.model, run.data) and _data_keys(other) == _data_keys(run)
+    return ((other.model, other.data, other.scale) == (run.model, run.data, run.scale) and _data_keys(other) == _data_keys(run)
             and all(other.get(key) == run.get(key) for key in SETUP_KEYS))
 
 
@@ -267,25 +274,30 @@ def _su2(runs: list[Run], aggregate: str, su1: Callable[[Run], float | None]) ->
     return read
 
 
-def _configs(runs: list[Run]) -> dict[Path, str]:
-    """Each run's training config as the runs table names it (``tables.run_frame``'s config column)."""
+def _configs(runs: list[Run]) -> dict[Path, tuple[str, str]]:
+    """Each run's scale and training config as the runs table names them (``tables.run_frame``'s columns)."""
     frame = run_frame(runs)
-    return dict(zip((run.dir for run in runs), frame.config))
+    return dict(zip((run.dir for run in runs), zip(frame.scale, frame.config)))
 
 
-def _reader(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series, mine: list[Run],
-            aggregate: str) -> Callable[[Run], float | None] | None:
-    """How to read ``cell``'s figure from our runs ``mine``, of one training config (None: no baseline to measure
-    it against). A relative figure takes its baseline from the runs of the baseline cell with that config, else
-    (AdaPT's float32 runs put its L2 in the optimizer, AdaPT in its loss) those of the same setup."""
+def _reader(runs: list[Run], configs: dict[Path, tuple[str, str]], table: pd.DataFrame, cell: pd.Series,
+            mine: list[Run], aggregate: str) -> Callable[[Run], float | None] | None:
+    """How to read ``cell``'s figure from our runs ``mine``, of one scale and training config (None: no baseline to
+    measure it against)."""
     if cell.metric in FIGURES:
         return FIGURES[cell.metric]
     if cell.metric == "speedup_su2":
         return _su2(runs, aggregate, FIGURES["speedup_su1"])
-    reference = _baseline_cell(table, cell) if cell.metric in RELATIVE else None
-    if reference is None:
-        return None
-    read, combine = FIGURES[reference.metric], RELATIVE[cell.metric][2]
+    reference = _baseline_cell(table, cell, *RELATIVE[cell.metric][:2]) if cell.metric in RELATIVE else None
+    return None if reference is None else _against(runs, configs, reference, RELATIVE[cell.metric][2], mine, aggregate)
+
+
+def _against(runs: list[Run], configs: dict[Path, tuple[str, str]], reference: pd.Series,
+             combine: Callable[[float, float], float], mine: list[Run], aggregate: str) -> Callable[[Run], float | None] | None:
+    """A run's figure of ``reference``'s metric combined with that of the runs of the baseline cell ``reference``
+    (None: no such run): those of the same scale and training config, else (AdaPT's float32 runs put its L2 in the
+    optimizer, AdaPT in its loss) those of the same setup."""
+    read = FIGURES[reference.metric]
     candidates = matching(runs, reference)
     same = [run for run in candidates if configs[run.dir] == configs[mine[0].dir]]
     base, _ = _aggregate(_read(same or [run for run in candidates if _same_setup(mine[0], run)], read), aggregate)
@@ -294,15 +306,43 @@ def _reader(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell
     return lambda run: None if (value := read(run)) is None else combine(value, base)
 
 
-def _ours(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: pd.Series,
+# Absolute figures, bound to the run's scale (length of training, data sampled), each with the relative figure
+# that compares across scales: its difference to, or its saving against, the table's baseline cell.
+DERIVED: dict[str, Callable[[float, float], float]] = {
+    "test_acc": _difference, "best_test_acc": _difference, "perplexity": _difference,
+    "effective_macs": _saving, "effective_macs_at_best": _saving, "energy_kj": _saving, "latency_min": _saving,
+}
+SCALE_BOUND = (*DERIVED, "epochs", "batch_size")
+NAMES = {"sbm": "SBM", "float32": "float32"}
+
+
+def _relative_is(combine: Callable[[float, float], float], baseline: str) -> str:
+    name = NAMES.get(baseline, baseline)
+    return f"difference to {name}" if combine is _difference else f"% saved against {name}"
+
+
+def table_baseline(table: pd.DataFrame) -> str | None:
+    """The method the table measures its relative figures against (SBM in FracTrain's, float32 in AdaPT's and
+    DYNASTY's), or None where it has none or several."""
+    methods = {RELATIVE[metric][0] for metric in table.metric if metric in RELATIVE}
+    return methods.pop() if len(methods) == 1 else None
+
+
+def _ours(runs: list[Run], configs: dict[Path, tuple[str, str]], table: pd.DataFrame, cell: pd.Series,
           aggregate: str) -> list[dict[str, Any]]:
-    """One entry per training config among the runs matching ``cell``: our figure and its spread, the figure
-    beside it where there is one, and how many runs there are."""
-    groups: dict[str, list[Run]] = {}
+    """One entry per scale and training config among the runs matching ``cell``: our figure and its spread, the
+    figure beside it where there is one, the relative figure of a scale-bound one (:data:`DERIVED`), and how many
+    runs there are."""
+    groups: dict[tuple[str, str], list[Run]] = {}
     for run in matching(runs, cell):
         groups.setdefault(configs[run.dir], []).append(run)
+    baseline = table_baseline(table)
+    reference = (_baseline_cell(table, cell, baseline, (cell.metric,))
+                 if baseline is not None and cell.metric in DERIVED else None)
+    if reference is not None and (reference.row, reference.column) == (cell.row, cell.column):
+        reference = None  # the baseline's own cell
     found = []
-    for config, mine in groups.items():
+    for (scale, config), mine in groups.items():
         read = _reader(runs, configs, table, cell, mine, aggregate)
         value, std = _aggregate(_read(mine, read), aggregate) if read else (math.nan, math.nan)
         beside, what = math.nan, ""
@@ -311,31 +351,200 @@ def _ours(runs: list[Run], configs: dict[Path, str], table: pd.DataFrame, cell: 
             if cell.metric == "speedup_su2":
                 other = _su2(runs, aggregate, other)
             beside = _aggregate(_read(mine, other), aggregate)[0]
-        found.append({"config": config, "ours": value, "ours_std": std, "beside": beside, "beside_is": what,
-                      "runs": len(mine)})
+        relative = {"relative_is": "", "relative_paper": math.nan, "relative": math.nan, "relative_std": math.nan}
+        if reference is not None:
+            combine = DERIVED[cell.metric]
+            against = _against(runs, configs, reference, combine, mine, aggregate)
+            ours, spread = _aggregate(_read(mine, against), aggregate) if against else (math.nan, math.nan)
+            relative = {"relative_is": _relative_is(combine, baseline), "relative_paper": combine(cell.value, reference.value),
+                        "relative": ours, "relative_std": spread}
+        found.append({"scale": scale, "config": config, "ours": value, "ours_std": std, "beside": beside,
+                      "beside_is": what, "runs": len(mine), **relative})
     return found
 
 
-def compare(runs: list[Run], name: str, aggregate: str = "mean") -> tuple[pd.DataFrame, int]:
-    """The cells of paper table ``name`` that our runs reproduce: paper, ours (mean and std over seeds and folds,
-    or the best run's), the difference, and a second reading beside ours where a figure has one.
+COLUMNS = ["row", "column", "metric", "scale", "config", "paper", "ours", "ours_std", "difference", "beside",
+           "beside_is", "relative_is", "relative_paper", "relative", "relative_std", "runs"]
 
-    A cell that runs of several training configs match gets a row per config. Returns the frame and the
-    number of the table's cells that no run matched.
+
+def compare(runs: list[Run], name: str, aggregate: str = "mean") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The cells of paper table ``name`` that our runs reproduce: paper, ours (mean and std over seeds and folds,
+    or the best run's), the difference, a second reading beside ours where a figure has one, and for a
+    scale-bound figure the relative one that compares across scales (``relative_is``, the paper's and ours).
+
+    A cell that runs of several scales or training configs match gets a row per scale and config. Returns the
+    frame and the table's cells no run matched (:func:`missing`).
     """
     if aggregate not in AGGREGATES:
         raise ReportError(f"--aggregate {aggregate} is not allowed (choose from: {', '.join(AGGREGATES)})")
     table = load_table(name)
     configs = _configs(runs)
-    rows, unmatched = [], 0
+    rows, unmatched = [], []
     for _, cell in table.iterrows():
         found = _ours(runs, configs, table, cell, aggregate)
-        unmatched += not found
+        if not found:
+            unmatched.append(cell)
         for entry in found:
-            rows.append({"row": cell.row, "column": cell.column, "metric": cell.metric, "config": entry["config"],
-                         "paper": cell.value, "ours": entry["ours"], "ours_std": entry["ours_std"],
-                         "difference": entry["ours"] - cell.value, "beside": entry["beside"],
-                         "beside_is": entry["beside_is"], "runs": entry["runs"]})
-    columns = ["row", "column", "metric", "config", "paper", "ours", "ours_std", "difference", "beside", "beside_is",
-               "runs"]
-    return pd.DataFrame(rows, columns=columns), unmatched
+            rows.append({"row": cell.row, "column": cell.column, "metric": cell.metric, "paper": cell.value,
+                         "difference": entry["ours"] - cell.value, **entry})
+    comparison = pd.DataFrame(rows, columns=COLUMNS)
+    scales = comparison.scale.value_counts()
+    return comparison, missing(name, pd.DataFrame(unmatched, columns=HEADER), scales.index[0] if len(scales) else None)
+
+
+def views(comparison: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The comparison as it is read: ``("paper scale", ...)``, the rows of paper-scale runs as they are; at a reduced
+    scale, ``("comparable", ...)``, what compares across scales (each scale-bound figure as its difference to, or
+    saving against, the table's baseline; the figures that are relative already), and ``("scale-bound", ...)``,
+    the absolute figures, context only (no difference to the paper's). Views with no row are left out."""
+    at_paper = comparison[comparison.scale == "paper"]
+    reduced = comparison[comparison.scale != "paper"]
+    bound = reduced.metric.isin(SCALE_BOUND)
+    derived = reduced[bound & (reduced.relative_is != "")].assign(
+        figure=lambda f: f.relative_is, paper=lambda f: f.relative_paper, ours=lambda f: f.relative,
+        ours_std=lambda f: f.relative_std)
+    printed = reduced[~bound].assign(figure=lambda f: [_figure_is(m) for m in f.metric])
+    comparable = pd.concat([derived, printed]).sort_index(kind="stable")
+    comparable = comparable.assign(difference=comparable.ours - comparable.paper)
+    shown = ["row", "column", "figure", "scale", "config", "paper", "ours", "ours_std", "difference", "beside",
+             "beside_is", "runs"]
+    found = [("paper scale", at_paper.drop(columns=["relative_is", "relative_paper", "relative", "relative_std"])),
+             ("comparable", comparable[shown]),
+             ("scale-bound", reduced[bound][["row", "column", "metric", "scale", "config", "paper", "ours", "ours_std",
+                                             "runs"]])]
+    return [(kind, frame.reset_index(drop=True)) for kind, frame in found if len(frame)]
+
+
+def _figure_is(metric: str) -> str:
+    """What a figure that compares across scales as it is measures."""
+    if metric in RELATIVE:
+        method, _, combine = RELATIVE[metric]
+        return _relative_is(combine, method)
+    return metric
+
+
+# Why qtrain produces no run for a cell of the transcribed tables whose run is not named (results/paper/README.md),
+# by what its row and column labels hold; the first that matches.
+NOT_PRODUCED = (
+    (r"(ResNet-(?:34|110|164))", "{0} is not a qtrain model"),
+    (r"(WAGEUBN|DoReFa)", "{0} is not a qtrain method"),
+    (r"\(range (?:low|high)\)", "the range's end that is a saving over WAGEUBN or DoReFa, not over SBM "
+                                "(neither is a qtrain method)"),
+)
+
+
+def _not_produced(cell: pd.Series) -> str | None:
+    """Why qtrain cannot produce ``cell``, or None where a qtrain run would."""
+    if not cell.method:
+        labels = f"{cell.row} {cell.column}"
+        for pattern, why in NOT_PRODUCED:
+            if (found := re.search(pattern, labels)) is not None:
+                return why.format(*found.groups())
+        return "no qtrain run reproduces it"
+    if not cell.metric:
+        return f"a setting the paper prints, not a figure qtrain reports for {cell.method}"
+    if cell.method in GATED and _model_file(cell.model).get("dfq_options") is None:
+        return (f"{cell.method} gates residual blocks with the model's precision options, and conf/model/{cell.model}.yaml "
+                "has none (dfq_options: null)")
+    return None
+
+
+GATED = ("dfq", "fractrain")
+
+
+@cache
+def _model_file(model: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from qtrain.cli import conf_dir
+
+    path = conf_dir() / "model" / f"{model}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+
+
+@cache
+def header_commands(experiment: str) -> tuple[tuple[str, ...], ...]:
+    """The ``qtrain`` commands in the header of ``conf/experiment/<experiment>.yaml``, as words (none: no such file)."""
+    from qtrain.cli import conf_dir
+
+    path = conf_dir() / "experiment" / f"{experiment}.yaml"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return tuple(tuple(shlex.split(line[len("#   qtrain "):])) for line in lines
+                 if line.startswith("#   qtrain ") and not line.rstrip().endswith("..."))
+
+
+@cache
+def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from qtrain.cli import conf_dir
+    from qtrain.config import _compose
+
+    return flatten(OmegaConf.to_container(_compose(conf_dir(), list(overrides)), resolve=True, throw_on_missing=False))
+
+
+def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> list[str] | None:
+    """``words`` (a header command) cut to the one run of ``cell``: a sweep over a key the cell names gives the cell's
+    value (None where it holds none of it), the scale is ``scale`` where one is given."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from qtrain.config import _values
+
+    wanted = {"method": cell.method, "model": cell.model, "data": cell.data, **dict(_parse_setting(cell.setting))}
+    tokens = {"method": f"method={cell.method}", "model": f"model={cell.model}", "data": f"data={cell.data}",
+              **{token.partition("=")[0]: token for token in cell.setting.split()}}
+    narrowed = []
+    for word in words:
+        if word == "-m":
+            continue
+        override = OverridesParser.create().parse_overrides([word])[0]
+        key = override.key_or_group
+        if key == "scale" and scale is not None:
+            narrowed.append(f"scale={scale}")
+        elif override.is_sweep_override() and key in wanted:
+            if not any(_same(value, wanted[key]) for value in _values(override)):
+                return None
+            narrowed.append(tokens[key])
+        else:
+            narrowed.append(word)
+    return narrowed
+
+
+def _makes(overrides: list[str], cell: pd.Series) -> bool:
+    """Whether the run ``overrides`` compose (their sweeps and Hydra's keys aside) is ``cell``'s."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    config = _composed(tuple(o.input_line for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()))
+    data = config.get("data.stand_in_for") or config.get("data.name")
+    return ((config.get("method.name"), config.get("model.name"), data) == (cell.method, cell.model, cell.data)
+            and all(_same(config.get(key, _MISSING), value) for key, value in _parse_setting(cell.setting)
+                    if key not in UNMATCHED))
+
+
+def command(name: str, cell: pd.Series, scale: str | None = None) -> str:
+    """The command that makes ``cell``'s run: the first of the table's experiment header commands that does, cut to
+    that run (at ``scale`` where given); else the cell's method, model, data and setting on qtrain's defaults."""
+    for words in header_commands(name):
+        narrowed = _narrowed(words, cell, scale)
+        if narrowed is not None and _makes(narrowed, cell):
+            return shlex.join(["qtrain", *(["-m"] if words[0] == "-m" else []), *narrowed])
+    scale_word = [] if scale in (None, "paper") else [f"scale={scale}"]
+    plain = shlex.join(["qtrain", f"method={cell.method}", f"model={cell.model}", f"data={cell.data}",
+                        *cell.setting.split(), *scale_word])
+    return f"{plain} (no command in the header of conf/experiment/{name}.yaml makes it: the paper's schedule is not set)"
+
+
+MISSING_COLUMNS = ["row", "column", "group", "why"]
+NOT_PRODUCED_GROUP, NOT_RUN_GROUP = "not produced by qtrain", "not run yet"
+
+
+def missing(name: str, cells: pd.DataFrame, scale: str | None = None) -> pd.DataFrame:
+    """The table's cells without a run, each in one of two groups: ``not produced by qtrain`` (``why``: the reason)
+    and ``not run yet`` (``why``: the command that makes it, at ``scale`` where given)."""
+    rows = []
+    for _, cell in cells.iterrows():
+        why = _not_produced(cell)
+        rows.append({"row": cell.row, "column": cell.column, "group": NOT_PRODUCED_GROUP if why else NOT_RUN_GROUP,
+                     "why": why or command(name, cell, scale)})
+    return pd.DataFrame(rows, columns=MISSING_COLUMNS)

@@ -8,7 +8,10 @@
 - average bit-width over epochs (DYNASTY Fig. 5);
 - the training loss with PFQ's turning points (FracTrain Sec. 3.1).
 
-One method has one colour in every figure; layers are coloured by depth with a colour bar, not a legend.
+One method has one colour in every figure, and one precision option (an FW/BW pair, a DYNASTY width) one colour
+in every allocation plot; layers are coloured by depth with a colour bar, not a legend. Runs that differ only in
+seed are one configuration: its mean over the seeds as a line, the band from the lowest to the highest seed
+(min-max), and each seed's points with a marker shape of its own (the same shape marks its PFQ stage rises).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +28,7 @@ from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from omegaconf import OmegaConf
 
 from qtrain.report.runs import Run
 from qtrain.report.tables import HARDWARE, run_frame, setting
@@ -45,13 +50,13 @@ class Group:
 
 
 def groups(runs: list[Run]) -> list[Group]:
-    """The report's runs split by model, data and the config keys that vary between them (``tables.run_frame``)."""
+    """The report's runs split by model, data, scale and the config keys that vary between them (``tables.run_frame``)."""
     frame = run_frame(runs)
     found = []
-    for (model, data, config), part in frame.groupby(["model", "data", "config"], sort=False):
+    for (model, data, scale, config), part in frame.groupby(["model", "data", "scale", "config"], sort=False):
         members = [runs[i] for i in part.index]
-        title = f"{model} on {data}" + (f", {config}" if config else "")
-        digest = hashlib.sha256(config.encode()).hexdigest()[:6]
+        title = f"{model} on {data}" + ("" if scale == "paper" else f" at {scale} scale") + (f", {config}" if config else "")
+        digest = hashlib.sha256(f"{scale} {config}".encode()).hexdigest()[:6]
         found.append(Group(members, title, _slug(f"{model}-{data}-{digest}")))
     return found
 
@@ -61,9 +66,49 @@ def method_colour(method: str) -> tuple[float, float, float]:
     return _PALETTE[METHODS.index(method)] if method in METHODS else (0.5, 0.5, 0.5)
 
 
+def config_label(run: Run) -> str:
+    """A configuration's name in legends: its method and setting."""
+    return " ".join(part for part in (run.method, setting(run)) if part)
+
+
 def label(run: Run) -> str:
-    """A run's name in legends and titles: its method, setting and seed."""
-    return " ".join(part for part in (run.method, setting(run), f"seed {run.seed}") if part)
+    """A run's name in titles: its method, setting and seed."""
+    return f"{config_label(run)} seed {run.seed}"
+
+
+SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+SEEDS_NOTE = "\n(line: mean over seeds, band: min-max over seeds, marker shape: the seed)"
+
+
+def seed_marker(i: int) -> str:
+    """The marker of a configuration's ``i``-th seed (in seed order) in every figure."""
+    return SEED_MARKERS[i % len(SEED_MARKERS)]
+
+
+@cache
+def _configured_options() -> tuple[tuple[float, float], ...]:
+    """Every FW/BW option of the models' DFQ/FracTrain option lists (conf/model/*.yaml), skipping (0/0) aside."""
+    from qtrain.cli import conf_dir
+
+    found = set()
+    for path in (conf_dir() / "model").glob("*.yaml"):
+        options = OmegaConf.load(path).get("dfq_options")
+        found.update((float(fw), float(bw)) for fw, bw in options or [] if fw or bw)
+    return tuple(sorted(found))
+
+
+def share_colour(option: str) -> tuple[float, ...]:
+    """The colour of a precision option in every allocation plot: an ``FW4/BW12`` pair of the configured ones by
+    its place among them, another by its bits; a DYNASTY width (``4 bits``) by its bits; skipped work grey."""
+    if option == "skipped":
+        return (0.85, 0.85, 0.85, 1.0)
+    bits = [float(v) for v in re.findall(r"[\d.]+", option)]
+    if len(bits) == 2:
+        known = _configured_options()
+        if tuple(bits) in known:
+            return colormaps["tab10"](known.index(tuple(bits)) % 10)
+        return colormaps["cividis"](min((bits[0] + bits[1]) / 48.0, 1.0))
+    return colormaps["viridis"](min(bits[0] / 16.0, 1.0))
 
 
 def _slug(text: str) -> str:
@@ -155,20 +200,41 @@ def _legend(fig: Figure, axes_list: list) -> None:
     fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(3, len(entries)), fontsize=8)
 
 
-def _per_run_lines(runs: list[Run], axes, x: str, y: str, scale_y: float = 1.0) -> bool:
-    """One line per run of ``metrics[y]`` over ``metrics[x]`` in its method's colour; False if no run has both."""
-    drawn = False
-    styles = ("-", "--", ":", "-.")
-    seen: dict[str, int] = {}
+def by_config(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs by configuration (:func:`config_label`), each configuration's in seed order."""
+    found: dict[str, list[Run]] = {}
     for run in runs:
-        metrics = run.metrics
-        if metrics.empty or x not in metrics or y not in metrics or metrics[[x, y]].dropna().empty:
+        found.setdefault(config_label(run), []).append(run)
+    return {name: sorted(members, key=lambda run: (run.seed is None, run.seed or 0)) for name, members in found.items()}
+
+
+def _config_lines(runs: list[Run], axes, x: str, y: str, scale_y: float = 1.0) -> bool:
+    """Per configuration, in its method's colour: the mean over its seeds of ``metrics[y]`` over ``metrics[x]``
+    (epoch by epoch) as a line, the min-max band over the seeds, and each seed's points in its marker; a
+    configuration of one seed is its line. False if no run has both columns."""
+    drawn, seeds = False, 0
+    for name, members in by_config(runs).items():
+        frames = [run.metrics[[x, y]].assign(at=run.metrics.epoch).dropna().assign(seed=i) for i, run in enumerate(members)
+                  if not run.metrics.empty and {"epoch", x, y} <= set(run.metrics)]
+        frames = [frame for frame in frames if not frame.empty]
+        if not frames:
             continue
-        style = styles[seen.get(run.method, 0) % len(styles)]
-        seen[run.method] = seen.get(run.method, 0) + 1
-        axes.plot(metrics[x], metrics[y] * scale_y, style, marker="o", markersize=3, color=method_colour(run.method),
-                  label=label(run))
+        colour = method_colour(members[0].method)
+        for frame in frames:
+            axes.plot(frame[x], frame[y] * scale_y, linestyle="none", marker=seed_marker(int(frame.seed.iloc[0])),
+                      markersize=4, color=colour, alpha=0.8)
+        epochs = pd.concat(frames).groupby("at")
+        mean, low, high = epochs[[x, y]].mean(), epochs[y].min(), epochs[y].max()
+        many = len(frames) > 1
+        axes.plot(mean[x], mean[y] * scale_y, "-", color=colour, linewidth=1.5,
+                  label=f"{name} (mean of {len(frames)} seeds)" if many else f"{name} seed {members[0].seed}")
+        if many:
+            axes.fill_between(mean[x], low * scale_y, high * scale_y, color=colour, alpha=0.2, linewidth=0)
+        seeds = max(seeds, len(frames))
         drawn = True
+    for i in range(seeds if seeds > 1 else 0):  # what each marker shape stands for, once
+        axes.plot([], [], linestyle="none", marker=seed_marker(i), color="black", markersize=4,
+                  label=f"seed #{i + 1} of a configuration")
     return drawn
 
 
@@ -186,13 +252,13 @@ def accuracy_cost_plot(group: Group, out: Path) -> Path | None:
     panels = []
     for i, (x, name) in enumerate(xs):
         axes = fig.add_subplot(1, len(xs), i + 1)
-        if not _per_run_lines(group.runs, axes, x, score, scale):
+        if not _config_lines(group.runs, axes, x, score, scale):
             return None
         axes.set(xscale="log", xlabel=name, ylabel=what, **({"yscale": "log"} if language else {}))
         axes.grid(alpha=0.3, which="both")
         panels.append(axes)
     _legend(fig, panels)
-    fig.suptitle(f"{'perplexity' if language else 'accuracy'} against training cost: {group.title}", fontsize=10)
+    fig.suptitle(f"{'perplexity' if language else 'accuracy'} against training cost: {group.title}{SEEDS_NOTE}", fontsize=10)
     return _save(fig, out / f"accuracy-cost-{group.slug}.png")
 
 
@@ -234,11 +300,9 @@ def bit_allocation_plot(run: Run, out: Path) -> Path | None:
     fig = Figure(figsize=(max(6.0, 0.3 * len(shares) + 2), 4.4), layout="constrained")
     axes = fig.add_subplot()
     bottom = pd.Series(0.0, index=shares.index)
-    colours = colormaps["viridis"]
-    widths = [c for c in shares.columns if c != "skipped"]
     for option in shares.columns:
-        colour = (0.85, 0.85, 0.85) if option == "skipped" else colours(0.9 * widths.index(option) / max(len(widths) - 1, 1))
-        axes.bar(range(len(shares)), 100.0 * shares[option], bottom=100.0 * bottom, color=colour, label=option)
+        axes.bar(range(len(shares)), 100.0 * shares[option], bottom=100.0 * bottom, color=share_colour(option),
+                 label=option)
         bottom += shares[option]
     axes.set_xticks(range(len(shares)), shares.index, rotation=90, fontsize=7)
     axes.set(ylabel=what, xlabel="layer", ylim=(0, 100))
@@ -253,14 +317,14 @@ def average_bits_plot(group: Group, out: Path) -> Path | None:
     fig = Figure(figsize=(6.5, 4), layout="constrained")
     axes = fig.add_subplot()
     chosen = [run for run in group.runs if "dynasty_average_bits" in run.metrics]
-    if not _per_run_lines(chosen, axes, "epoch", "dynasty_average_bits"):
+    if not _config_lines(chosen, axes, "epoch", "dynasty_average_bits"):
         return None
     for target in sorted({run.get("method.target_bits") for run in chosen} - {None}):
         axes.axhline(target, color="black", linestyle=":", linewidth=0.8)
     axes.set(xlabel="epoch", ylabel="average bits per block (weights x activations)")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    fig.suptitle(f"average bit-width over epochs (dotted: targets): {group.title}", fontsize=10)
+    fig.suptitle(f"average bit-width over epochs (dotted: targets): {group.title}{SEEDS_NOTE}", fontsize=10)
     return _save(fig, out / f"average-bits-{group.slug}.png")
 
 
@@ -271,16 +335,18 @@ def turning_points_plot(group: Group, out: Path) -> Path | None:
         return None
     fig = Figure(figsize=(6.5, 4), layout="constrained")
     axes = fig.add_subplot()
-    _per_run_lines(chosen, axes, "epoch", "train_loss")
-    for run in chosen:
-        metrics = run.metrics
-        rises = metrics.epoch[metrics.stage.diff() > 0]
-        for epoch in rises:
-            axes.axvline(epoch - 0.5, color=method_colour(run.method), linestyle=":", linewidth=1)
+    _config_lines(chosen, axes, "epoch", "train_loss")
+    for members in by_config(chosen).values():
+        for i, run in enumerate(members):
+            metrics = run.metrics
+            rises = metrics[metrics.stage.diff() > 0]
+            axes.plot(rises.epoch, rises.train_loss, linestyle="none", marker=seed_marker(i), markersize=11,
+                      markerfacecolor="none", markeredgewidth=1.6, color=method_colour(run.method))
     axes.set(xlabel="epoch", ylabel="training loss")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    fig.suptitle(f"training loss (dotted: a new precision stage begins): {group.title}", fontsize=10)
+    fig.suptitle(f"training loss (large hollow marker: the first epoch of a new precision stage, in the seed's "
+                 f"shape): {group.title}{SEEDS_NOTE}", fontsize=10)
     return _save(fig, out / f"loss-turning-points-{group.slug}.png")
 
 

@@ -5,6 +5,10 @@ A run directory is a folder holding ``summary.json``, ``checkpoint.pt`` or ``met
 without a summary it is ``running`` while a process holds its lock, and ``stopped`` otherwise (a run
 killed or cut short: rerunning its command resumes it). Figures of a run without a summary come from
 its last ``metrics.csv`` row, so a sweep in progress reports what it has.
+
+A run's *scale* (``scale=paper|mini|smoke``, conf/scale/) is a Hydra group choice, not a config key: it is
+read from the command line the run recorded in ``.hydra/overrides.yaml``; a run that names none is at
+``smoke`` scale where its data is a stand-in (``data.stand_in_for``), else at ``paper`` scale (the default).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
 
 from qtrain.errors import QtrainError
@@ -131,6 +136,19 @@ class Run:
         if column not in self.metrics or self.metrics[column].dropna().empty:
             return None
         return float(self.metrics[column].dropna().iloc[-1])
+
+    @cached_property
+    def scale(self) -> str:
+        """``paper``, ``mini`` or ``smoke``: the scale choice on the run's recorded command line (module docstring)."""
+        try:
+            overrides = yaml.safe_load((self.dir / HYDRA_DIR / "overrides.yaml").read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):  # none recorded, or unreadable: the fallbacks below
+            overrides = None
+        for text in overrides if isinstance(overrides, list) else []:
+            key, sep, value = str(text).lstrip("+~").partition("=")
+            if sep and key == "scale":
+                return value
+        return "smoke" if self.get("data.stand_in_for") else "paper"
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:

@@ -1,8 +1,10 @@
 """The runs table: one row per configuration, its seeds averaged (mean ± std), as pandas frames.
 
-A row's configuration is its method, model and data, its *setting* (the method's keys that differ from
-``conf/method/<name>.yaml``) and its *config* (any other key that differs between the report's runs of the
-same model and data, such as epochs or lr). Runs that differ only in ``seed`` or in their cross-validation
+A row's configuration is its method, model and data, its scale (``paper``, ``mini``, ``smoke``), its *setting*
+(the method's keys that differ from ``conf/method/<name>.yaml`` as the run's scale amends it in
+``conf/scale/method/<scale>_<name>.yaml``) and its *config* (any other key that differs between the report's runs
+of the same model, data and scale, such as epochs or lr). What a scale file sets is the scale's, shown once as the
+scale, never as a run's setting or config. Runs that differ only in ``seed`` or in their cross-validation
 fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default), or the figures of the
 row's best run, the one of the highest final test accuracy (lowest perplexity) (``aggregate="best"``: AdaPT's
 protocol, the best of 10 folds, as the reference code reports its tables).
@@ -37,11 +39,13 @@ LABELS = {
 
 
 @cache
-def _method_defaults(name: str) -> dict[str, Any]:
+def _method_defaults(name: str, scale: str) -> dict[str, Any]:
+    """The method's config file, with what the scale's file for the method sets (config.yaml's defaults list)."""
     from qtrain.cli import conf_dir
 
-    path = conf_dir() / "method" / f"{name}.yaml"
-    return flatten(OmegaConf.to_container(OmegaConf.load(path))) if path.is_file() else {}
+    paths = (conf_dir() / "method" / f"{name}.yaml", conf_dir() / "scale" / "method" / f"{scale}_{name}.yaml")
+    found = [OmegaConf.load(path) for path in paths if path.is_file()]
+    return flatten(OmegaConf.to_container(OmegaConf.merge(*found))) if found else {}
 
 
 def _text(value: Any) -> str:
@@ -49,8 +53,9 @@ def _text(value: Any) -> str:
 
 
 def setting(run: Run) -> str:
-    """The method's keys that differ from its config file's defaults, as ``key=value`` (FracTrain's FW/BW lists...)."""
-    defaults = _method_defaults(run.method)
+    """The method's keys that differ from its config file's defaults at the run's scale, as ``key=value``
+    (FracTrain's FW/BW lists...)."""
+    defaults = _method_defaults(run.method, run.scale)
     ours = flatten(run.config.get("method", {}))
     return " ".join(f"{key}={_text(value)}" for key, value in sorted(ours.items())
                     if key != "name" and defaults.get(key, value) != value and "${" not in str(defaults.get(key)))
@@ -76,10 +81,10 @@ def figure(run: Run, name: str) -> float | None:
 
 
 def _varying(runs: list[Run]) -> dict[str, list[str]]:
-    """Per (model, data): the config keys outside ``method.`` whose values differ between its runs."""
-    groups: dict[tuple[str, str], list[Run]] = {}
+    """Per (model, data, scale): the config keys outside ``method.`` whose values differ between its runs."""
+    groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
-        groups.setdefault((run.model, run.data), []).append(run)
+        groups.setdefault((run.model, run.data, run.scale), []).append(run)
     varying = {}
     for key, members in groups.items():
         keys = set().union(*(run.flat_config for run in members))
@@ -96,9 +101,9 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
     varying = _varying(runs)
     rows = []
     for run in runs:
-        keys = varying["/".join((run.model, run.data))]
+        keys = varying["/".join((run.model, run.data, run.scale))]
         rows.append({
-            "method": run.method, "model": run.model, "data": run.data, "setting": setting(run),
+            "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run),
             "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None),
             "seed": run.seed, "fold": run.get("data.fold"), "status": run.status,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
@@ -106,7 +111,7 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-CONFIG_COLUMNS = ["method", "model", "data", "setting", "config"]
+CONFIG_COLUMNS = ["method", "model", "data", "scale", "setting", "config"]
 AGGREGATES = ("mean", "best")
 
 
@@ -179,14 +184,15 @@ FORMATS = {"effective_macs": ".3e", **{f"{model}_{unit}": ".4g" for model, _ in 
 
 
 def display_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """``summary_frame`` for reading: ``mean ± std`` cells, labelled columns, columns no row fills dropped."""
+    """``summary_frame`` for reading: ``mean ± std`` cells, labelled columns, columns no row fills dropped (the
+    scale where every run is at paper scale)."""
     shown = table[[*CONFIG_COLUMNS, "runs", "status", "epochs"]].copy()
     for name in (*SCORES, "savings", *HARDWARE_FIGURES):
         if f"{name}_mean" not in table or table[f"{name}_mean"].isna().all():
             continue
         fmt = FORMATS.get(name, ".2f")
         shown[LABELS[name]] = [_shown(m, s, fmt) for m, s in zip(table[f"{name}_mean"], table[f"{name}_std"])]
-    for column in ("setting", "config"):
-        if (shown[column] == "").all():
+    for column, plain in (("scale", "paper"), ("setting", ""), ("config", "")):
+        if (shown[column] == plain).all():
             shown = shown.drop(columns=column)
     return shown
