@@ -257,10 +257,12 @@ class AdaPT(PricedByPerformanceModel):
         """
         if self.cfg.params == "weights":
             return [(layer.weight, name) for name, layer in self.layers.items()]
+        # by identity, not by name: a weight tied to another module's (a Transformer's vocabulary projection and
+        # its embedding) is listed once, under the name that comes first
+        layer_of = {id(p): name for name, layer in self.layers.items() for p in layer.parameters(recurse=False)}
         covered, owner = [], None
-        for param_name, param in model.named_parameters():
-            module = param_name.rpartition(".")[0]
-            owner = module if module in self.layers else owner
+        for param in model.parameters():
+            owner = layer_of.get(id(param), owner)
             covered.append((param, owner))
         return covered
 
