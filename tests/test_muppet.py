@@ -9,7 +9,8 @@ import torch
 
 from qtrain.errors import ConfigError
 from qtrain.methods import StepInfo, build_method
-from qtrain.methods.muppet import DiversityPolicy, muppet_threshold
+from qtrain.methods.diversity import DiversityWindow
+from qtrain.methods.muppet import DiversityPolicy, muppet_threshold, window_diversity
 from qtrain.quant import formats
 from qtrain.quant.quantizers import DynamicFixedPoint, FixedPoint
 from qtrain.run import run
@@ -93,6 +94,42 @@ def test_policy_switches_after_patience_violations_and_not_on_flat_diversity():
     assert [r[2] for r in results] == [False, False, False, True]
     assert results[1][0] == pytest.approx(2.0) and results[1][1] == pytest.approx(1 + 1.5 * math.exp(-0.5))
     assert policy.maximum == 0.0 and policy.violations == 0  # reset for the next stage
+
+
+def test_no_diversity_counts_nothing():
+    policy = DiversityPolicy(patience=1, base=1.0, scale=0.0, decay=0.1)
+    policy.update(4.0, 1)
+    ratio, threshold, switched = policy.update(math.nan, 3)
+    assert math.isnan(ratio) and threshold == 1.0 and not switched
+    assert (policy.maximum, policy.violations) == (4.0, 0)
+    assert policy.update(1.0, 5)[2]  # 4 / 1 > 1: the next drop still counts
+    zero, cancelling = DiversityWindow(), DiversityWindow()
+    for g in (torch.zeros(3), torch.zeros(3)):
+        zero.add(g)
+    for g in (torch.ones(3), -torch.ones(3)):
+        cancelling.add(g)
+    assert math.isnan(window_diversity(zero)) and window_diversity(cancelling) == math.inf
+
+
+def test_a_window_of_zero_gradients_leaves_the_maximum_and_the_violations():
+    method, model = prepared("muppet", "method.resolution=2", "method.patience=1", "method.threshold.scale=0.0",
+                            "method.diversity_input=weight_grads")
+    method.attach(torch.optim.SGD(model.parameters(), lr=1.0), None)
+    names = list(method.layers)
+    ones = {n: torch.ones_like(method.layers[n].weight) for n in names}
+    metrics = [{} for _ in range(4)]
+    for epoch, grads in enumerate((ones, ones, ones, {**ones, names[0]: torch.zeros_like(ones[names[0]])})):
+        method.last_grads = grads
+        method.end_epoch(epoch, metrics[epoch])
+    assert metrics[1]["diversity"] == pytest.approx(0.5) and metrics[1]["diversity_max"] == pytest.approx(0.5)
+    # window 2: one layer's two gradients are 1 and 0, none all zero: (n + 0) / n = 1 there, 1/2 elsewhere
+    assert metrics[3]["diversity"] > 0.5 and metrics[3]["violations"] == 0
+    method.last_grads = {**ones, names[0]: torch.zeros_like(ones[names[0]])}
+    for epoch in (4, 5):
+        method.end_epoch(epoch, metrics := {})
+    # window 3: that layer's gradients are all zero: no diversity, the check counts nothing
+    assert math.isnan(metrics["diversity"]) and metrics["violations"] == 0 and metrics["switched"] == 0
+    assert method.policy.maximum == pytest.approx(metrics["diversity_max"]) and method.stage == 0
 
 
 def test_muppet_quantizes_weights_activations_and_gradients_at_the_word_length():

@@ -15,15 +15,23 @@ length ``WL`` and weight density ``sp`` (share of non-zero quantized weights):
   step, whatever the batch, so the overhead is *not* multiplied by the batch size: the printed
   ``bs_ours * costs_ours`` would charge it once per sample (in a 10-epoch AlexNet run at batch 128 that
   made it 5.6 times the training cost);
-- memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master; 32 alone where no quantized
-  copy exists), averaged over steps;
+- memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master), averaged over steps. A
+  layer at 32 bits (MuPPET's float32 stage) is charged ``sp * 32 + 32`` too, as AdaPT's reference priced
+  MuPPET (``utils/analytics.py`` prices its published schedule with the float32 epochs at WL = 32): MEM is
+  then ``1 + mean(WL) / 32`` for a dense run, 1.665 for AlexNet's 8/12/14/16/32 bits over 16/10/14/14/45
+  epochs and 1.62 for ResNet-20's 22/22/10/15/45 (Table 3: 1.66 and 1.61);
 - model size: ``Σ_l sp * WL`` after the last step;
-- sparsity (Table 5): the share of zero weights after the last step (``final``) and averaged over the
-  steps (``average``), each an unweighted mean over the layers' weight tensors as the reference computes
-  Table 5 (lorenz0890/AdaPT, ``utils/analytics.py`` averages the logged per-tensor shares; its logger,
-  ``utils/logging.py``, leaves the biases out); beside them
-  ``final_weighted`` and ``average_weighted`` weight each layer by its weight count (the share of all
-  the model's quantized weights).
+- sparsity (Table 5): the share of zeros after the last step (``final``) and averaged over the steps
+  (``average``), each an unweighted mean over every parameter tensor of the model: the quantized layers'
+  weights at their rounded copies, biases and batch-norm parameters as they are (float32 in qtrain), read
+  at every step. The reference (lorenz0890/AdaPT) averages the per-tensor zero shares its optimizer logs
+  (``utils/analytics.py``), over the entries its logger keeps: ``utils/logging.py`` drops an entry whose
+  *name* contains "bias", and the names differ by model. AlexNet's entries are named by layer class
+  (``QConv2d_FP``, ``QLinear_FP``), so its 6 biases are kept beside its 6 weights: every tensor, as here.
+  ResNet's are parameter names, so its biases (batch norm's and the classifier's) are dropped and its 21
+  batch-norm weights are averaged beside its 22 conv/linear weights: qtrain's mean adds the 22 biases
+  (43 of 65 tensors are the reference's). Beside them ``final_weighted`` and ``average_weighted`` weight
+  each quantized layer's weights by their count (the share of zeros among all the quantized weights).
 
 Speedups, for a float32 baseline ``b`` (:class:`BaselineRun`: batch ``bs_b``, accumulation ``accs_b``,
 ``E_b`` epochs over the same training set) against this run (``bs``, ``accs``, ``E`` epochs):
@@ -52,11 +60,18 @@ Tables 3-4 list it (1.41 to 1.66); Sec. 4.1.2 writes the quotient the other way.
 table lists (0.36 to 0.60); ``SZ`` beside ``MEM`` is Sec. 4.1.2's training-side ratio, float32's size over
 ours (``32 |L| / sz``). As the paper says, sizes and memory ignore tensor dimensions: they are
 relative measures between identical architectures only.
+
+Two more departures from the reference's figures: its memory code computes ``1 + 2 Σ_i sz_i / Σ_i 32 |L|``
+(``mem_own``), while every published MEM (Tables 3-4) fits ``1 + Σ_i sz_i / Σ_i 32 |L|``, the reading qtrain
+follows (memory above); and its MEM, SZ and inference SU run over every entry its logger keeps (batch-norm
+weights, pooling and, in AlexNet, biases, at their logged word lengths), qtrain's over the quantized
+Conv2d/Linear weights only (the sparsity above is the one figure taken over every tensor).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,14 +117,12 @@ def resolve_baselines(baselines: DictConfig, batch_size: int, accum_steps: int, 
 
 @dataclass(frozen=True)
 class LayerState:
-    """One layer at one step: word length, weight density, (AdaPT) its lookback and resolution, and
-    whether a quantized copy exists beside the float32 master (not in MuPPET's float32 stage)."""
+    """One layer at one step: word length, weight density and (AdaPT) its lookback and resolution."""
 
     wl: float
     density: float
     lookback: int | None = None
     resolution: int | None = None
-    quantized: bool = True
 
 
 def pushdown_ops(resolution: int, numel: int) -> float:
@@ -135,18 +148,20 @@ class PerformanceModel:
         self.pushup_cost = 0.0  # Σ_i eq. (9), its PushUp part
         self.memory_sum = 0.0  # Σ_i Σ_l (sp * WL + 32)
         self.density_sum = 0.0  # Σ_i (share of non-zero weights over all layers, each weighted by its weight count)
-        self.layer_density_sum = 0.0  # Σ_i (mean over layers of each one's share of non-zero weights)
+        self.tensor_density_sum = 0.0  # Σ_i (mean over the parameter tensors of each one's share of non-zeros)
         self.steps = 0
         self.last: dict[str, LayerState] = {}
+        self.last_others: list[float] = []
 
-    def add_step(self, layers: dict[str, LayerState]) -> None:
-        """Charge one step (a micro-batch) with every layer in the state ``layers`` gives."""
+    def add_step(self, layers: dict[str, LayerState], others: Sequence[float] = ()) -> None:
+        """Charge one step (a micro-batch) with every layer in the state ``layers`` gives; ``others`` are the
+        shares of non-zeros of the model's other parameter tensors (biases, batch norm), for Table 5's mean."""
         train = reference = pushdown = pushup = memory = 0.0
         for name, ops in self.ops.items():
             state = layers[name]
             train += ops * (state.density * state.wl + 32 / self.accs)
             reference += ops * (state.density * state.wl + 32)
-            memory += state.density * state.wl * state.quantized + 32
+            memory += state.density * state.wl + 32
             if state.lookback is not None:
                 numel, per_switch = self.numel[name], 32 / (self.accs * state.lookback)
                 pushdown += per_switch * state.density * pushdown_ops(state.resolution, numel)
@@ -157,17 +172,18 @@ class PerformanceModel:
         self.pushup_cost += pushup
         self.memory_sum += memory
         self.density_sum += self.density(layers)
-        self.layer_density_sum += self.layer_density(layers)
+        self.tensor_density_sum += self.tensor_density(layers, others)
         self.steps += 1
-        self.last = dict(layers)
+        self.last, self.last_others = dict(layers), list(others)
 
     def density(self, layers: dict[str, LayerState]) -> float:
         """Share of non-zero weights over all the model's layers (each weighted by its weight count)."""
         return sum(layers[name].density * n for name, n in self.numel.items()) / sum(self.numel.values())
 
-    def layer_density(self, layers: dict[str, LayerState]) -> float:
-        """Mean over the layers of each one's share of non-zero weights (Table 5's, the reference's)."""
-        return sum(layers[name].density for name in self.numel) / len(self.numel)
+    def tensor_density(self, layers: dict[str, LayerState], others: Sequence[float]) -> float:
+        """Mean over the parameter tensors (the layers' weights and ``others``) of each one's share of
+        non-zeros (Table 5's)."""
+        return (sum(layers[name].density for name in self.numel) + sum(others)) / (len(self.numel) + len(others))
 
     def model_size(self) -> float:
         """``sz = Σ_l sp * WL`` after the last step."""
@@ -205,8 +221,8 @@ class PerformanceModel:
             "steps": self.steps, "x": x, "overhead_bits": overhead_bits,
             "memory": memory, "model_size": size,
             "MEM": memory / float32_size, "SZ": float32_size / size if size else math.inf,
-            "sparsity": {"final": 1 - self.layer_density(self.last),
-                         "average": 1 - self.layer_density_sum / self.steps,
+            "sparsity": {"final": 1 - self.tensor_density(self.last, self.last_others),
+                         "average": 1 - self.tensor_density_sum / self.steps,
                          "final_weighted": 1 - self.density(self.last),
                          "average_weighted": 1 - self.density_sum / self.steps},
             "baselines": {
@@ -221,12 +237,13 @@ class PerformanceModel:
     def state_dict(self) -> dict[str, Any]:
         return {"train_cost": self.train_cost, "reference_cost": self.reference_cost,
                 "pushdown_cost": self.pushdown_cost, "pushup_cost": self.pushup_cost, "memory_sum": self.memory_sum,
-                "density_sum": self.density_sum, "layer_density_sum": self.layer_density_sum, "steps": self.steps,
-                "last": {name: [s.wl, s.density, s.lookback, s.resolution, s.quantized] for name, s in self.last.items()}}
+                "density_sum": self.density_sum, "tensor_density_sum": self.tensor_density_sum, "steps": self.steps,
+                "last": {name: [s.wl, s.density, s.lookback, s.resolution] for name, s in self.last.items()},
+                "last_others": list(self.last_others)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_cost, self.reference_cost = state["train_cost"], state["reference_cost"]
         self.pushdown_cost, self.pushup_cost = state["pushdown_cost"], state["pushup_cost"]
         self.memory_sum, self.density_sum, self.steps = state["memory_sum"], state["density_sum"], state["steps"]
-        self.layer_density_sum = state["layer_density_sum"]
+        self.tensor_density_sum, self.last_others = state["tensor_density_sum"], list(state["last_others"])
         self.last = {name: LayerState(*values) for name, values in state["last"].items()}

@@ -82,6 +82,16 @@ Where qtrain departs from both, and why:
   none (the paper trains CNNs only).
 - The penalty ``P`` has no gradient (word length and density are counts): it shifts the loss the
   strategy compares, as the reference's, and does not by itself steer the weights.
+- Each layer's activations take the layer's own format. The reference's AlexNet (models/alexnet_fp.py,
+  ``QAlexNet_FP.forward``) looks the format up by the layer's number in its per-parameter list (a bias
+  and a weight per layer), so layer k >= 1 runs its activations at layer ⌊k/2⌋'s format: a bug of its
+  code, not the method.
+- Reduce-on-plateau (``sched=plateau``) reads the test loss at each epoch's end; the reference's reads
+  its validation loss, that of the held-out cross-validation fold.
+- SU2 (Table 3's iso-accuracy speedup, :mod:`qtrain.report.paper`) divides SU1 by the share of the run's
+  epochs until its test accuracy, read per epoch, first reaches the final test accuracy of qtrain's own
+  float32 run of the same setup. The reference (utils/analytics.py) tests a fixed ``TARGET_ACCURACY``
+  from its config against the held-out fold's accuracy logged per validation batch.
 """
 
 from __future__ import annotations

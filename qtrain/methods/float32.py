@@ -6,6 +6,8 @@ as AdaPT does (Sec. 3.1, ``init_scale`` s) and ``l1`` adds ``l1 * Σ|p|`` over e
 as the reference's float32 models do. Both are AdaPT's own (:func:`qtrain.methods.adapt.initialize`,
 :func:`qtrain.methods.adapt.l1_norm`); the defaults (``init: model``, ``l1: 0``) leave plain float32
 training unchanged. The reference's float32 L2 is the optimizer's weight decay (``optim.weight_decay``).
+Biases and batch norm keep the model's initialization, as in AdaPT runs (the reference's float32 models
+draw biases by a rule of their own code, as its AdaPT models do).
 """
 
 from __future__ import annotations

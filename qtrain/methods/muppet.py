@@ -22,6 +22,9 @@ per-layer formula). The largest Δs since the last switch is tracked; where Δs 
 Δs`` is compared with ``T(e) = 1 + 1.5 exp(-0.1 e)`` (e the 0-based epoch) and ``p > T(e)`` counts a
 violation; the ``patience``-th violation (not necessarily consecutive) switches to the next word
 length and resets the maximum and the count. A stage thus lasts at least ``(patience + 1) r`` epochs.
+A parameter whose r kept gradients are all zero has no diversity (0 / 0: NaN, as the reference's tensor
+division gives), nor then has the mean: that check counts nothing and leaves the maximum (the reference's
+comparisons with NaN are false); a window whose gradients cancel to a zero sum has +inf, as there.
 On several processes each rounds its own copy of the (averaged) gradients; all take rank 0's diversity.
 
 In the float32 stage the learning rate is multiplied by ``float32_lr.gamma`` at every
@@ -67,7 +70,11 @@ Departures from the reference code (ICIdsl/muppet):
   in place of the window's first kept one (its ``Σ ||g||²`` is computed on time). That reads as a
   bug, not as the method.
 - The performance model prices the measured weight density at every step; the AdaPT reference priced
-  MuPPET dense, over the MuPPET paper's epochs per word length.
+  MuPPET dense, over the MuPPET paper's epochs per word length. As there, the float32 stage is charged
+  at WL = 32 on top of the float32 master in the memory (MEM ``1 + mean(WL) / 32`` for a dense run).
+- The reference framework (ICIdsl/muppet with adityarajagopal/pytorch_training) trains on 80 % of the
+  training set (its ``Train_Val_Split`` of 0.8; read from a framework version that may postdate the
+  MuPPET paper); qtrain trains on all of it. ``data.fold=0 data.folds=5`` trains on 80 %.
 """
 
 from __future__ import annotations
@@ -99,6 +106,12 @@ def muppet_threshold(epoch: int, base: float = 1.0, scale: float = 1.5, decay: f
     return base + scale * math.exp(-decay * epoch)
 
 
+def window_diversity(window: DiversityWindow) -> float:
+    """The window's ``Σ ||g||² / ||Σ g||²``; NaN where all its gradients are zero (0 / 0, as the reference's
+    tensor division gives), where :class:`~qtrain.methods.diversity.DiversityWindow` reads a zero sum as +inf."""
+    return math.nan if window.sum_sq == 0 else window.diversity()
+
+
 class DiversityPolicy:
     """MuPPET's switching rule on one diversity value per window: running maximum, violations, patience."""
 
@@ -110,6 +123,8 @@ class DiversityPolicy:
     def update(self, diversity: float, epoch: int) -> tuple[float, float, bool]:
         """Record the window's ``diversity`` at ``epoch``; returns (ratio p, threshold T(e), switch now)."""
         threshold = muppet_threshold(epoch, self.base, self.scale, self.decay)
+        if math.isnan(diversity):  # no diversity (a window of zero gradients): the check counts nothing
+            return math.nan, threshold, False
         if diversity >= self.maximum:
             self.maximum = diversity
             return 1.0, threshold, False
@@ -212,7 +227,7 @@ class MuPPET(PricedByPerformanceModel):
                 densities = [weight_density(layer) for layer in self.layers.values()]
             else:
                 densities = torch.stack([layer.quant.weight.density for layer in self.layers.values()]).tolist()
-            self.price_step({name: LayerState(wl, d, quantized=wl != 32) for name, d in zip(self.layers, densities)})
+            self.price_step({name: LayerState(wl, d) for name, d in zip(self.layers, densities)})
         return loss
 
     @torch.no_grad()
@@ -246,7 +261,7 @@ class MuPPET(PricedByPerformanceModel):
             if (epoch + 1) % self.cfg.resolution == 0:
                 filled = [w for w in self.windows.values() if w.count]
                 # the reference input is rounded stochastically on each process: every process takes rank 0's
-                diversity = distributed.broadcast(sum(w.diversity() for w in filled) / len(filled))
+                diversity = distributed.broadcast(sum(map(window_diversity, filled)) / len(filled))
                 for window in self.windows.values():
                     window.clear()
                 maximum = max(self.policy.maximum, diversity)  # as compared, before a switch resets it

@@ -3,11 +3,14 @@
 A method that mixes in :class:`PricedByPerformanceModel` names its quantized layers in ``layers``,
 calls :meth:`price_step` once per micro-batch with each layer's word length and weight density (and, for
 AdaPT, lookback and resolution), and gets the model's figures into summary.json through :meth:`performance_report`.
+:meth:`price_step` also reads, at every step, the share of non-zeros of each of the model's other parameter
+tensors (biases, batch norm) for Table 5's sparsity, in one pass over them (:class:`NonzeroShares`).
 The model itself is :mod:`qtrain.cost.adapt_model`; baselines come from ``method.performance_model``.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -17,15 +20,36 @@ from qtrain.cost.adapt_model import LayerState, PerformanceModel, resolve_baseli
 from qtrain.methods.base import Method, RunFacts
 
 
+class NonzeroShares:
+    """Each of ``tensors``' share of non-zero elements, in a few kernels and one transfer whatever their number."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.numel = [t.numel() for t in tensors]
+        self.ends = list(itertools.accumulate(self.numel))
+
+    @torch.no_grad()
+    def __call__(self) -> list[float]:
+        if not self.tensors:
+            return []
+        flat = torch.cat([t.detach().reshape(-1) for t in self.tensors])
+        counts = flat.ne(0).cumsum(0)[torch.tensor(self.ends, device=flat.device) - 1]  # non-zeros up to each end
+        counts = torch.diff(counts, prepend=counts.new_zeros(1))
+        return [int(c) / n for c, n in zip(counts.tolist(), self.numel)]
+
+
 class PricedByPerformanceModel(Method):
     layers: dict[str, nn.Module]
     facts: RunFacts | None = None
     perf: PerformanceModel | None = None
     _macs: dict[str, int] | None = None
+    _others: NonzeroShares | None = None
 
     def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
         macs = super().profile(model, sample)
         self._macs = {name: macs[name] for name in self.layers}
+        weights = {id(layer.weight) for layer in self.layers.values()}
+        self._others = NonzeroShares([p for p in model.parameters() if id(p) not in weights])
         return macs
 
     def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
@@ -37,7 +61,7 @@ class PricedByPerformanceModel(Method):
 
     def price_step(self, layers: dict[str, LayerState]) -> None:
         if self.perf is not None:
-            self.perf.add_step(layers)
+            self.perf.add_step(layers, self._others())
 
     def performance_report(self, epochs: int) -> dict[str, Any]:
         """The model's figures after ``epochs`` epochs (empty before the run is attached and profiled)."""

@@ -17,9 +17,10 @@ the float32 runs of the same model and data, batch, accumulation and epochs, and
 fold (so the same scale). That setup also pairs a relative figure with its baseline where no baseline run
 has the same training config (AdaPT's float32 runs put L2 in the optimizer's weight decay, AdaPT in its loss).
 SU2 is the run's SU1 over the share of its epochs it took to first reach float32's
-final test accuracy (aggregated as the figures are; the whole run where it never does), as the reference
-computes it (``utils/analytics.py``: ``su_own / iso_acc`` against the float32 accuracy in its config; it
-logs the accuracy per validation batch, qtrain per epoch, so the share counts the epoch that reaches it).
+final test accuracy (aggregated as the figures are; the whole run where it never does). The reference
+computes ``su_own / iso_acc`` (``utils/analytics.py``) against a fixed ``TARGET_ACCURACY`` from its config,
+tested against the held-out fold's accuracy logged per validation batch; qtrain's target is its own float32
+run's, tested against the test accuracy per epoch, so the share counts the epoch that reaches it.
 
 Runs at a reduced scale (``mini``, ``smoke``; :attr:`Run.scale`) are grouped apart from paper-scale ones and read
 through :func:`views`: each scale-bound figure (:data:`SCALE_BOUND`) as its difference to, or saving against, the
