@@ -15,11 +15,30 @@ Execution (``execution``):
 - ``per_sample`` (default): the samples that run the block run it once, together: every quantized
   layer of the block shares its weight, GEMM and quantization range over them and rounds each
   sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`);
-  batch norm sees every sample that runs the block. Block output ``g_chosen * block(x)``: the accuracy
-  gradient reaches the chosen option, the cost term (in DFQ's loss) every option.
-- ``mix_all``: the reference code's way, ``sum_k g_k * block_k(x)`` with every option run on every
-  sample (K times the work); for fidelity checks. The cost charged is the chosen options', as in the
-  reference.
+  batch norm sees every sample that runs the block. The gates learn from an estimate of the
+  reference's gradient, below.
+- ``mix_all``: the reference code's way (GATECH-EIC/FracTrain, fractrain_cifar/models.py,
+  ``ResNetRecurrentGateSP.forward``), ``y = sum_k g_k * o_k`` with every option's output ``o_k`` run
+  on every sample (K times the work): the reference's exact gradient. The cost charged is the chosen
+  options', as in the reference.
+
+The gates' task gradient. With ``A_k = <dL/dy, o_k>`` (per sample), the reference's mixture gives the
+probabilities ``dL/dp_k = A_k`` and the logits ``dL/dz_j = p_j (A_j - sum_k p_k A_k)``: what is common
+to all options' ``A`` cancels, and a logit moves by how much its option's output would lower the
+loss against the average. Returning ``g_c * o_c`` for the chosen option ``c`` alone would give
+``dL/dz_j = A_c p_j (delta_cj - p_c)``: no cancellation, so an option with a larger output (a run
+option's ``relu(x + F(x))`` against a skip's ``x``) is pushed by its whole ``A``, about a hundred times
+the cost term's gradient at the default ``beta``, and the gates drift toward skipping. ``per_sample``
+therefore returns, for a sample that runs option ``c``,
+``y = o_c * sum_{k runs} g_k + g_skip * skip(x)``, with ``skip(x)`` detached (the shortcut, ``x``
+itself or the float32 projection over the batch's statistics, not updating any running statistics):
+every run option's ``A_k`` is taken as ``A_c`` (the block runs once) and the skip's is exact, so the
+skip logit moves by ``p_skip (1 - p_skip) <dL/dy, skip(x) - o_c>``. This is the reference's gradient
+exactly where all run options produce the same output, and differs from it by the options' output
+differences (``A_k - A_c``) otherwise. A sample that skips passes ``y = skip(x)`` and no task gradient
+to its gate (the reference's ``p_j (A_j - sum_k p_k A_k)`` with every ``A`` equal; its true run-option
+``A`` would take the block run that the skip saves). The forward output is ``o_c`` (or ``skip(x)``)
+either way, and the cost term (in DFQ's loss) reaches every option through the probabilities.
 
 The skip option (FW-0/BW-0) passes a sample through unchanged where the block keeps the shape. A
 block that changes the shape skips through its projection shortcut in float32, as SkipNet and the
@@ -134,22 +153,31 @@ class GatedBlock(nn.Module):
         finally:
             set_sample_bits(self.option_layers, None)
 
-    def _skipped(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block.projection(x) if self.skip_by_projection else x
+    def _skipped(self, x: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
+        return self.block.projection(x, update_stats) if self.skip_by_projection else x
 
     def _per_sample(self, x: torch.Tensor, gates: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
-        chosen = gates.gather(1, choice[:, None]).view(-1, *([1] * (x.dim() - 1)))
+        shape = (-1, *([1] * (x.dim() - 1)))
         first = int(self.skip)
-        skipped = int((choice < first).sum())
+        running = choice >= first
+        skipped = int((~running).sum())
         if not skipped:
-            return self._run(x, choice - first) * chosen
-        order = torch.argsort(choice >= first, stable=True)  # the skipping samples first, then the running ones
-        inverse = torch.argsort(order)
-        ordered = _PermuteRows.apply(x, order, inverse)
-        parts = [self._skipped(ordered[:skipped])]
-        if skipped < len(x):
-            parts.append(self._run(ordered[skipped:], choice[order[skipped:]] - first))
-        return _PermuteRows.apply(torch.cat(parts), inverse, order) * chosen
+            out = self._run(x, choice - first)
+        else:
+            order = torch.argsort(running, stable=True)  # the skipping samples first, then the running ones
+            inverse = torch.argsort(order)
+            ordered = _PermuteRows.apply(x, order, inverse)
+            parts = [self._skipped(ordered[:skipped])]
+            if skipped < len(x):
+                parts.append(self._run(ordered[skipped:], choice[order[skipped:]] - first))
+            out = _PermuteRows.apply(torch.cat(parts), inverse, order)
+        # forward: exactly out; backward: every run option's gate gets the chosen output's A (module docstring)
+        out = out * torch.where(running, gates[:, first:].sum(1), torch.ones_like(gates[:, 0])).view(shape)
+        if self.skip and not self.mask_skip and skipped < len(x) and gates.requires_grad:
+            with torch.no_grad():
+                skip = self._skipped(x.detach(), update_stats=False)
+            out = out + (gates[:, 0] * running).view(shape) * skip  # the skip option's exact A, 0 in the forward pass
+        return out
 
     def _mix_all(self, x: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * (x.dim() - 1)))
