@@ -344,3 +344,115 @@ def test_permuting_rows_has_the_gradient_of_indexing():
     assert torch.equal(out, x[order])
     (out * g).sum().backward()
     assert torch.equal(x.grad, expected)
+
+
+def _gate_gradients(block, x, choice, weight, execution):
+    """One forward of ``block`` at the given per-sample options; the loss <weight, y> (so dL/dy = weight).
+
+    Returns the output, dL/d(gates) and the input's gradient."""
+    block.execution = execution
+    block.choose = lambda probs: choice
+    block.shared[0].reset()
+    x = x.clone().requires_grad_()
+    y = block(x)
+    block.gates.retain_grad()
+    (y * weight).sum().backward()
+    return y.detach(), block.gates.grad, x.grad
+
+
+def _block_and_input(name, options, size=8):
+    torch.manual_seed(5)
+    dfq, net, meter = _prepared(options, size=size)
+    for option in range(int(dfq.has_skip), dfq.num_options):  # the activation quantizers track a running range
+        net.gate_controller.forced = option
+        _step(dfq, net, meter, torch.randn(8, 3, size, size))
+    net.gate_controller.forced = None
+    block = net.get_submodule(name)
+    conv1, conv2 = block.block.conv1, block.block.conv2
+    out = (6, conv2.out_channels, size // conv1.stride[0], size // conv1.stride[0])
+    return block, torch.randn(6, conv1.in_channels, size, size), torch.randn(out)  # input and dL/dy
+
+
+@pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])  # a skip through the identity, through the projection
+def test_per_sample_gate_gradient_is_mix_alls_where_the_run_options_agree(name):
+    # two run options at the same bits produce the same output: the estimator is then the reference's gradient
+    block, x, weight = _block_and_input(name, "method.options=[[0,0],[4,8],[4,8]]")
+    block.eval()  # batch norm and activation ranges from running statistics: no dependence on the subset that runs
+    choice = torch.tensor([0, 1, 2, 0, 2, 1])
+    y, grad, _ = _gate_gradients(block, x, choice, weight, "per_sample")
+    y_mix, grad_mix, _ = _gate_gradients(block, x, choice, weight, "mix_all")
+    assert torch.allclose(y, y_mix, atol=1e-5)
+    assert torch.allclose(grad, grad_mix, rtol=1e-5, atol=1e-5)  # running and skipping samples alike
+    assert (grad[:, 1] - grad[:, 0]).abs().min() > 0  # the skip's A and the run options' differ on both sides
+
+
+@pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])
+def test_per_sample_gate_gradient_follows_its_closed_form_and_leaves_the_statistics_alone(name):
+    block, x, weight = _block_and_input(name, OPTIONS)
+    block.train()
+    before = {key: value.clone() for key, value in block.state_dict().items()}
+    choice = torch.tensor([2, 0, 1, 1, 0, 2])
+    y, grad, _ = _gate_gradients(block, x, choice, weight, "per_sample")
+    if block.skip_by_projection:  # the float32 projection over the whole batch's statistics, by torch's own ops
+        conv, bn = block.block.shortcut
+        skip = F.batch_norm(F.conv2d(x, conv.weight, None, conv.stride), None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
+    else:
+        skip = x
+    a_out, a_skip = (weight * y).flatten(1).sum(1), (weight * skip).flatten(1).sum(1)
+    running = choice > 0
+    # a running sample: every run option gets its output's A, the skip the shortcut's
+    expected = torch.stack([a_skip, a_out, a_out], 1)
+    assert torch.allclose(grad[running], expected[running], rtol=1e-4, atol=1e-4)
+    # a skipping sample: the skip gets its output's A, every run option that of one forward run of the block
+    assert torch.allclose(grad[~running, 0], a_out[~running], rtol=1e-4, atol=1e-4)
+    assert torch.equal(grad[~running, 1], grad[~running, 2]) and (grad[~running, 1] - grad[~running, 0]).abs().min() > 0
+    # the estimate adds nothing to the forward pass and updates no running statistic: as a run without it
+    after = {key: value.clone() for key, value in block.state_dict().items()}
+    block.load_state_dict(before)
+    block.shared[0].reset()
+    with torch.no_grad():
+        assert torch.equal(block(x), y)
+    stats = [key for key in after if "running" in key or "tracked" in key]
+    assert any(not torch.equal(after[key], before[key]) for key in stats)  # the forward pass itself updates some
+    for key in stats:
+        assert torch.equal(after[key], block.state_dict()[key]), key
+
+
+def test_without_a_skip_option_the_gates_get_no_task_gradient():
+    # every run option's A is the chosen one's: p_j (A_j - sum_k p_k A_k) = 0, the cost term alone moves the gates
+    block, x, weight = _block_and_input("layer1.1", "method.options=[[3,6],[4,6],[6,12]]")
+    _, grad, _ = _gate_gradients(block, x, torch.tensor([0, 1, 2, 2, 1, 0]), weight, "per_sample")
+    assert torch.allclose(grad, grad[:, :1].expand_as(grad))  # equal A across options
+    assert block.embed[0].weight.grad.abs().max() < 1e-6 * block.embed[0].weight.abs().max()
+
+
+def test_per_sample_running_range_decays_as_the_references_k_runs_a_step():
+    nets = {}
+    for execution in ("per_sample", "mix_all"):
+        torch.manual_seed(7)
+        dfq, net, _ = _prepared(OPTIONS, f"method.execution={execution}")
+        nets[execution] = net
+        layer = net.layer1[0].block.conv1
+        assert layer.quant.act.momentum == pytest.approx(0.9 ** 2 if execution == "per_sample" else 0.9)
+        assert net.layer3[2].block.conv2.quant.act.momentum == layer.quant.act.momentum
+        net.gate_controller.forced = 1  # every sample runs: the first block's first layer sees the same input
+        torch.manual_seed(8)
+        for _ in range(3):
+            net(torch.randn(8, 3, 8, 8) * torch.rand(()) * 4)
+    ranges = [n.layer1[0].block.conv1.quant.act.running_range for n in nets.values()]
+    assert torch.allclose(*ranges, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model,options", [
+    ("resnet38", [[0, 0], [4, 6], [6, 8], [6, 12], [8, 16]]),  # the reference's Table 3 logs
+    ("resnet74", [[3, 6], [4, 6], [6, 8], [6, 12], [8, 16]]),  # its logs, no skip; the fourth never chosen there
+    ("resnet20", [[3, 6], [4, 6], [4, 8], [6, 8], [6, 12]]),  # the released train_dfq.py / train_frac.py
+])
+def test_paper_table_experiments_use_the_tables_option_sets(model, options):
+    for experiment in ("fractrain_table3", "fractrain_table5", "fractrain_finetune"):
+        for method in ("dfq", "fractrain"):
+            cfg = make_config(f"experiment={experiment}", f"model={model}", f"method={method}")
+            assert [list(p) for p in cfg.method.options] == options
+            assert build_method(cfg.method).has_skip == (options[0] == [0, 0])
+    appendix_f = [[0, 0], [2, 6], [3, 6], [4, 6], [4, 12], [6, 8], [6, 12]]  # Fig. 5's, outside the table experiments
+    assert [list(p) for p in make_config("method=dfq", f"model={model}").method.options] == appendix_f

@@ -13,7 +13,12 @@ stem convolution, MobileNetV2's last 1x1 convolution, the classifier) run in flo
 reference (``outside: null``), or at ``outside: {fw, bw}`` (weights, as everywhere, at ``weight_bits``).
 The gates run in float32. Activation
 ranges: the tensor's global min/max (the reference's ``reduce_type='extreme'``) with the running
-average the reference keeps for evaluation (``act_momentum``, its weight on the old value).
+average the reference keeps for evaluation (``act_momentum``, its weight on the old value). The
+reference runs a block once per run option, so its block layers update their running range K times
+a step (K run options, nearly the same batch range each time); ``per_sample`` runs them once and
+weighs the old value ``act_momentum ** K``, the same per-step decay (``mix_all`` runs K times at
+``act_momentum``). Under ``per_sample`` a block's batch-norm statistics and activation ranges come from
+the samples that run it; in the reference every option runs on the whole batch.
 
 Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
 gated block, in units of an average gated block's float32 forward MACs: the reference code's unit
@@ -32,10 +37,19 @@ A sample that skips a shape-changing block runs its projection shortcut in float
 reference's ``ds(prev, 0, 0)``; ``skip_downsample: projection``); the reference charges such a skip
 nothing, qtrain charges the float32 projection it runs. ``skip_downsample: never`` masks the skip
 option of those blocks out. Departures from the reference code: it runs every option on every sample
-and mixes them (``execution: mix_all`` here, K times the work; ``per_sample`` runs each sample once),
-and its CIFAR script hard-codes options 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, where the paper's
-appendix F lists the options of the model configs (``dfq_options``), FW-0/BW-0 meaning a skip (the
-reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32). The
+and mixes them (``execution: mix_all`` here, K times the work, the reference's exact gate gradient);
+``per_sample`` (default) runs each sample once and gives the gates an estimate of that gradient
+(:mod:`qtrain.methods.gates`). Option sets: the model configs' ``dfq_options`` are appendix F's, which
+it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6, 4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8,
+6/10, 8/8); FW-0/BW-0 means a skip. The reference's released CIFAR scripts (train_dfq.py,
+train_frac.py) hard-code 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, and its Table 3 logs (an earlier copy
+of the repository, Tubbz-alt/FracTrain, learning_curve_dyn/learning_curve/train_logs_resnet*_cr3_w4.txt:
+the logged cp per GEMM fitted against the logged option shares) show skip, 4/6, 6/8, 6/12, 8/16 for
+ResNet-38 and, without a skip, 3/6, 4/6, 6/8, ?, 8/16 for ResNet-74 (the fourth is never chosen in
+the logs; qtrain fills it with 6/12, which sits there in ResNet-38's set). The paper-table experiments
+(fractrain_table3, Table 5's fractrain_adapt/fractrain_finetune) take a model config's
+``dfq_table3_options`` (ResNet-38, ResNet-74) and the released scripts' set for any other model. (The
+reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.) The
 reference charges MobileNetV2's depthwise convolutions as a constant at 8-bit weights and adds that
 quantized cost to cp's denominator; qtrain charges them inside their block, at ``weight_bits``
 weights, only when the block runs, against their float32 cost.
@@ -70,7 +84,8 @@ def parse_options(options: Any) -> list[tuple[int, int]]:
     """The [fw, bw] pairs of ``method.options``; a leading [0, 0] is the skip option."""
     error = ConfigError(f"method.options={options!r} is not allowed: a list of [fw, bw] pairs with bit-widths "
                         "from 1 to 32, optionally led by [0, 0] (skip the block), with at least one pair to run")
-    if not isinstance(options, ListConfig) or not all(isinstance(p, ListConfig) and len(p) == 2 for p in options):
+    lists = (list, ListConfig)  # a list, also where a resolver's default gives a plain one (the table experiments)
+    if not isinstance(options, lists) or not all(isinstance(p, lists) and len(p) == 2 for p in options):
         raise error
     pairs = [(p[0], p[1]) for p in options]
     run = pairs[int(bool(pairs) and pairs[0] == (0, 0)):]
@@ -170,6 +185,9 @@ class DFQ(Method):
             projection = f"{names[i]}.block.{gated.block.projection_name}" if gated.skip_by_projection else None
             self.skip_layers.append(projection)
         in_blocks = {n for layers in self.block_layers for n, _ in layers}
+        if cfg.execution == "per_sample":  # one running-range update a step for the reference's K (docstring)
+            for name in in_blocks:
+                model.get_submodule(name).quant.act.momentum = float(cfg.act_momentum) ** len(self.run_options)
         self.outside_record = uniform_record(model, [n for n in swapped if n not in in_blocks])
         self._record = dict(self.outside_record)
         self.model = model

@@ -15,11 +15,38 @@ Execution (``execution``):
 - ``per_sample`` (default): the samples that run the block run it once, together: every quantized
   layer of the block shares its weight, GEMM and quantization range over them and rounds each
   sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`);
-  batch norm sees every sample that runs the block. Block output ``g_chosen * block(x)``: the accuracy
-  gradient reaches the chosen option, the cost term (in DFQ's loss) every option.
-- ``mix_all``: the reference code's way, ``sum_k g_k * block_k(x)`` with every option run on every
-  sample (K times the work); for fidelity checks. The cost charged is the chosen options', as in the
-  reference.
+  batch norm sees every sample that runs the block. The gates learn from an estimate of the
+  reference's gradient, below.
+- ``mix_all``: the reference code's way (GATECH-EIC/FracTrain, fractrain_cifar/models.py,
+  ``ResNetRecurrentGateSP.forward``), ``y = sum_k g_k * o_k`` with every option's output ``o_k`` run
+  on every sample (K times the work): the reference's exact gradient. The cost charged is the chosen
+  options', as in the reference.
+
+The gates' task gradient. With ``A_k = <dL/dy, o_k>`` (per sample), the reference's mixture gives the
+probabilities ``dL/dp_k = A_k`` and the logits ``dL/dz_j = p_j (A_j - sum_k p_k A_k)``: what is common
+to all options' ``A`` cancels, and a logit moves by how much its option's output would lower the loss
+against the average. Returning ``g_c * o_c`` for the chosen option ``c`` alone would give ``dL/dz_j =
+A_c p_j (delta_cj - p_c)``: no cancellation, so an option with a larger output (a run option's
+``relu(x + F(x))`` against a skip's ``x``) is pushed by its whole ``A``, about a hundred times the
+cost term's gradient at the default ``beta``, and the gates drift toward skipping. ``per_sample``
+therefore returns, with ``r = sum_{k runs} g_k``, ``y = r * o_c + g_skip * skip(x)`` for a sample that
+runs option ``c`` and ``y = g_skip * skip(x) + r * o_run`` for a sample that skips: the forward output
+is ``o_c`` or ``skip(x)`` as before (``r`` and ``g_skip`` are exactly 1 and 0, or 0 and 1), and the
+path not taken enters detached. ``skip(x)`` is the shortcut (``x`` itself, or the float32 projection
+over the batch's statistics without updating running ones); ``o_run``, for a skipped sample, is the
+block's output at its most probable run option, run forward only, as training runs it (over the
+skipped samples' batch statistics and ranges) with the block's running statistics and ranges restored
+after: the work the skip saves, without the backward pass. Every run option's ``A`` is taken as the
+one run output's, so the skip logit moves by ``p_skip (1 - p_skip) <dL/dy, skip(x) - o_run>`` on both
+sides, as in the reference; this is the reference's gradient exactly where all run options produce the
+same output, and otherwise differs by the run options' output differences (and, in training, by batch
+statistics over the samples that take a path rather than over the whole batch). Both sides are needed:
+a loss's linearization at either end of the segment from ``skip(x)`` to ``o_run`` usually says to move
+toward the other end, so the running samples alone would drive the gates to skip (measured on a
+ResNet-20 CIFAR-10 miniature, 1,536 images, cp target 3: epochs 2-4 at cp 0.7-0.8 with the running
+samples' side alone, 2.2-2.5 with both; 2.7-2.9 under ``mix_all``, epochs 2-3). Without a skip option the task
+gives the gates no gradient, as in the reference's mixture of equal ``A``: the cost term (in DFQ's
+loss) alone moves them, and it reaches every option through the probabilities.
 
 The skip option (FW-0/BW-0) passes a sample through unchanged where the block keeps the shape. A
 block that changes the shape skips through its projection shortcut in float32, as SkipNet and the
@@ -116,7 +143,7 @@ class GatedBlock(nn.Module):
         self.gates = gates
         if self.execution == "mix_all":
             return self._mix_all(x, gates)
-        return self._per_sample(x, gates, choice)
+        return self._per_sample(x, gates, choice, probs.detach())
 
     def choose(self, probs: torch.Tensor) -> torch.Tensor:
         """Each sample's option: the most probable, or the controller's forced one where the block allows it."""
@@ -134,22 +161,51 @@ class GatedBlock(nn.Module):
         finally:
             set_sample_bits(self.option_layers, None)
 
-    def _skipped(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block.projection(x) if self.skip_by_projection else x
+    def _skipped(self, x: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
+        return self.block.projection(x, update_stats) if self.skip_by_projection else x
 
-    def _per_sample(self, x: torch.Tensor, gates: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
-        chosen = gates.gather(1, choice[:, None]).view(-1, *([1] * (x.dim() - 1)))
+    def _per_sample(self, x: torch.Tensor, gates: torch.Tensor, choice: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        shape = (-1, *([1] * (x.dim() - 1)))
         first = int(self.skip)
-        skipped = int((choice < first).sum())
+        running = choice >= first
+        skipped = int((~running).sum())
+        # the path not taken, for the gates' gradient (module docstring); before the block runs for real, whose
+        # backward pass may need the running statistics that the estimate's forward pass touches and restores
+        other = None
+        if gates.requires_grad and self.skip and not self.mask_skip:
+            with torch.no_grad():
+                other = self._skipped(x.detach(), update_stats=False)
+                if skipped:
+                    other = other.clone()
+                    other[~running] = self._estimate(x[~running], probs[~running, first:].argmax(1))
         if not skipped:
-            return self._run(x, choice - first) * chosen
-        order = torch.argsort(choice >= first, stable=True)  # the skipping samples first, then the running ones
-        inverse = torch.argsort(order)
-        ordered = _PermuteRows.apply(x, order, inverse)
-        parts = [self._skipped(ordered[:skipped])]
-        if skipped < len(x):
-            parts.append(self._run(ordered[skipped:], choice[order[skipped:]] - first))
-        return _PermuteRows.apply(torch.cat(parts), inverse, order) * chosen
+            out = self._run(x, choice - first)
+        else:
+            order = torch.argsort(running, stable=True)  # the skipping samples first, then the running ones
+            inverse = torch.argsort(order)
+            ordered = _PermuteRows.apply(x, order, inverse)
+            parts = [self._skipped(ordered[:skipped])]
+            if skipped < len(x):
+                parts.append(self._run(ordered[skipped:], choice[order[skipped:]] - first))
+            out = _PermuteRows.apply(torch.cat(parts), inverse, order)
+        if not gates.requires_grad:
+            return out
+        run_gates = gates[:, first:].sum(1)
+        if other is None:  # every sample runs: every option gets the chosen output's A
+            return out * run_gates.view(shape)
+        # forward: exactly out; backward: the taken path's gates get its output's A, the other path's the other's
+        return (out * torch.where(running, run_gates, gates[:, 0]).view(shape)
+                + other * torch.where(running, gates[:, 0], run_gates).view(shape))
+
+    def _estimate(self, x: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        """The block's output at ``options`` for the gates' gradient alone, as training runs it (batch
+        statistics and ranges), its running statistics and ranges left as they were."""
+        saved = [(buffer, buffer.clone()) for buffer in self.block.buffers()]
+        try:
+            return self._run(x, options)
+        finally:
+            for buffer, value in saved:
+                buffer.copy_(value)
 
     def _mix_all(self, x: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * (x.dim() - 1)))
