@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +34,10 @@ from qtrain.errors import RunDirError
 METRICS, PRECISION, COST, SUMMARY, CHECKPOINT = "metrics.csv", "precision.csv", "cost.csv", "summary.json", "checkpoint.pt"
 HYDRA_DIR, LOCK = ".hydra", ".qtrain.lock"
 TMP_SUFFIX = ".tmp"
+STATUSES = ("completed", "diverged", "failed")  # a summary's status
+# What every checkpoint holds (run.py writes them all; rank_rng only under torchrun).
+CHECKPOINT_KEYS = ("identity", "device_type", "model", "optimizer", "scheduler", "method", "step_schedule", "meter",
+                   "progress", "precision_log", "rng")
 
 
 def file_mode() -> int:
@@ -61,10 +66,27 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 def load_state(path: Path) -> dict[str, Any]:
     """A checkpoint's contents, read as tensors and plain Python values only (``weights_only=True``)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a foreign pickle protocol before refusing it: the error says it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling raises assorted errors on foreign or damaged files
         raise RunDirError(f"{path} cannot be read as a qtrain checkpoint of plain tensors ({type(err).__name__}); "
                           "it was written by an older qtrain or by something else") from None
+    missing = [key for key in CHECKPOINT_KEYS if key not in state] if isinstance(state, dict) else None
+    if missing is None or missing:
+        held = f"it lacks {', '.join(missing)}" if missing else f"it holds a {type(state).__name__}, not a dict"
+        raise RunDirError(f"{path} is not a qtrain checkpoint ({held}); it was written by an older qtrain or by "
+                          "something else")
+    return state
+
+
+def summary_problem(summary: Any) -> str:
+    """What makes a parsed ``summary.json`` unusable (``""`` where nothing does)."""
+    if not isinstance(summary, dict):
+        return f"it holds a JSON {type(summary).__name__}, not an object"
+    if summary.get("status") not in STATUSES:
+        return f"its status is {summary.get('status', '(absent)')!r}, not one of {', '.join(STATUSES)}"
+    return ""
 
 
 class RunLock:
@@ -135,9 +157,13 @@ class RunFiles:
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text())
+            summary = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise RunDirError(f"{path} is not a qtrain summary ({type(err).__name__})") from None
+        problem = summary_problem(summary)
+        if problem:
+            raise RunDirError(f"{path} is not a qtrain summary ({problem})")
+        return summary
 
     def write_config(self, config: DictConfig, overrides: list[str]) -> None:
         """``.hydra/config.yaml`` and ``.hydra/overrides.yaml``: the run's config and its command-line overrides."""

@@ -56,7 +56,7 @@ from qtrain.models import MODELS, build_model, check_model_config, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
-from qtrain.results import COST, METRICS, PRECISION, RunFiles
+from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles
 from qtrain.train import Diverged, Progress, Trainer
 
 log = logging.getLogger(__name__)
@@ -128,10 +128,14 @@ def check_writable(run_dir: str | Path) -> None:
 def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:
     """The final model weights of the finished run in ``run_dir`` (``train.init_from``)."""
     files = RunFiles(run_dir)
-    summary = files.read_summary() if files.dir.is_dir() else None
-    if summary is None or summary.get("status") != "completed":
-        raise ConfigError(f"train.init_from={run_dir} is not allowed: it holds no finished run (run the pre-training first)")
-    checkpoint = files.load_checkpoint()
+    try:
+        summary = files.read_summary() if files.dir.is_dir() else None
+        if summary is None or summary["status"] != "completed":
+            raise ConfigError(f"train.init_from={run_dir} is not allowed: it holds no finished run (run the pre-training "
+                              "first)")
+        checkpoint = files.load_checkpoint()
+    except RunDirError as err:
+        raise ConfigError(f"train.init_from={run_dir} is not allowed: {err}") from None
     if checkpoint is None:
         raise ConfigError(f"train.init_from={run_dir} is not allowed: its run has no checkpoint to start from")
     return checkpoint["model"]
@@ -172,7 +176,11 @@ def _earlier_identity(files: RunFiles, summary: dict[str, Any] | None) -> tuple[
     if checkpoint is not None:
         return checkpoint["identity"], checkpoint
     if summary is not None:
-        return summary.get("identity") or identity(summary["config"]), None
+        if isinstance(summary.get("identity"), dict):
+            return summary["identity"], None
+        if isinstance(summary.get("config"), dict):
+            return identity(summary["config"]), None
+        raise RunDirError(f"{files.dir / SUMMARY} is not a qtrain summary (it names no config)")
     return None, None
 
 
@@ -285,8 +293,12 @@ def _decide(cfg: DictConfig, files: RunFiles, plan: Preflight) -> tuple[dict[str
     files.remove_stale_temps()
     if cfg.force:
         files.clear()
-    summary = files.read_summary()
-    earlier, checkpoint = _earlier_identity(files, summary)
+    try:
+        summary = files.read_summary()
+        earlier, checkpoint = _earlier_identity(files, summary)
+    except RunDirError as err:
+        raise RunDirError(f"{err}: pass force=true to replace it, or choose another directory with hydra.run.dir=DIR") \
+            from None
     mismatch = _foreign(files, earlier, identity(cfg))
     if mismatch:
         raise RunDirError(mismatch)
@@ -294,9 +306,9 @@ def _decide(cfg: DictConfig, files: RunFiles, plan: Preflight) -> tuple[dict[str
         log.info("%s already holds a finished run (force=true reruns it)", files.dir)
         return summary, None
     if summary is not None and summary["status"] == "diverged":
-        where = summary["diverged"]
-        raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where['loss']} at epoch "
-                            f"{where['epoch']}, step {where['step']}): force=true starts it over")
+        where = summary.get("diverged") if isinstance(summary.get("diverged"), dict) else {}
+        raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where.get('loss', '?')} at epoch "
+                            f"{where.get('epoch', '?')}, step {where.get('step', '?')}): force=true starts it over")
     if checkpoint is not None and checkpoint["device_type"] != plan.device.type:
         raise RunDirError(f"{files.dir} holds a run trained on {checkpoint['device_type']}, and device={cfg.device} "
                           f"is {plan.device.type} here: resume it on {checkpoint['device_type']}, or pass force=true")

@@ -1,11 +1,14 @@
 """Every bad input, driven through the ``qtrain`` command: one line ``qtrain: error: ...``, exit code 2,
 no traceback, nothing trained, and no file or folder created or changed."""
 
+import collections
 import json
+import pickle
 import shutil
 import subprocess
 
 import pytest
+import torch
 
 from .conftest import TINY, run_cli
 from .test_data import _write_mnist
@@ -21,6 +24,19 @@ def _no_epochs(tmp_path):
     run = tmp_path / "empty_run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"status": "completed", "epochs_completed": 0}))
+
+
+def _run_files(folder, summary=None, checkpoint=None):
+    folder.mkdir()
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    if checkpoint is not None:
+        torch.save(checkpoint, folder / "checkpoint.pt")
+
+
+# every key a checkpoint holds but the identity
+_NO_IDENTITY = {key: {} for key in ("device_type", "model", "optimizer", "scheduler", "method", "step_schedule", "meter",
+                                    "progress", "precision_log", "rng")}
 
 
 def _a_file(tmp_path):
@@ -75,6 +91,35 @@ CASES = {
     "init from a run of no epochs": (["train.init_from={tmp}/empty_run"], _no_epochs,
                                      "train.init_from={tmp}/empty_run is not allowed: its run has no checkpoint to "
                                      "start from"),
+    "init from a checkpoint that is a tensor": (
+        ["train.init_from={tmp}/pre"], lambda t: _run_files(t / "pre", {"status": "completed"}, torch.zeros(3)),
+        "train.init_from={tmp}/pre is not allowed: {tmp}/pre/checkpoint.pt is not a qtrain checkpoint (it holds a "
+        "Tensor, not a dict); it was written by an older qtrain or by something else"),
+    "init from a checkpoint without weights": (
+        ["train.init_from={tmp}/pre"],
+        lambda t: _run_files(t / "pre", {"status": "completed"}, {k: v for k, v in _NO_IDENTITY.items() if k != "model"}),
+        "train.init_from={tmp}/pre is not allowed: {tmp}/pre/checkpoint.pt is not a qtrain checkpoint (it lacks "
+        "identity, model); it was written by an older qtrain or by something else"),
+    "init from a run whose summary is a list": (
+        ["train.init_from={tmp}/pre"], lambda t: _run_files(t / "pre", ["completed"]),
+        "train.init_from={tmp}/pre is not allowed: {tmp}/pre/summary.json is not a qtrain summary (it holds a JSON "
+        "list, not an object)"),
+    "resume a run whose summary is a list": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", []),
+        "{tmp}/run/summary.json is not a qtrain summary (it holds a JSON list, not an object): pass force=true to "
+        "replace it, or choose another directory with hydra.run.dir=DIR"),
+    "resume a run whose summary has no status": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", {"method": "float32"}),
+        "{tmp}/run/summary.json is not a qtrain summary (its status is '(absent)', not one of completed, diverged, "
+        "failed): pass force=true to replace it, or choose another directory with hydra.run.dir=DIR"),
+    "resume a run whose summary names no config": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", {"status": "completed"}),
+        "{tmp}/run/summary.json is not a qtrain summary (it names no config): pass force=true to replace it, or "
+        "choose another directory with hydra.run.dir=DIR"),
+    "resume a checkpoint without identity": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", checkpoint=_NO_IDENTITY),
+        "{tmp}/run/checkpoint.pt is not a qtrain checkpoint (it lacks identity); it was written by an older qtrain or "
+        "by something else: pass force=true to replace it, or choose another directory with hydra.run.dir=DIR"),
     "run directory under a file": (["hydra.run.dir={tmp}/a_file/run"], _a_file,
                                    "cannot create the run directory {tmp}/a_file/run: {tmp}/a_file is not a directory"),
     # found while loading the data: the run directory made for it is removed again
@@ -117,3 +162,35 @@ def test_unwritable_run_directory_is_one_line(tmp_path, immutable, where):
     assert result.stderr.splitlines() == [
         f"qtrain: error: cannot write to the run directory {tmp_path / where}: Operation not permitted in {immutable}"]
     assert _tree(tmp_path) == before
+
+
+def test_raw_pickle_checkpoint_is_refused_without_torch_warning(tmp_path):
+    _run_files(tmp_path / "pre", {"status": "completed"})
+    checkpoint = tmp_path / "pre" / "checkpoint.pt"
+    checkpoint.write_bytes(pickle.dumps({"model": collections.Counter()}, protocol=4))  # a global weights_only refuses
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        result = run_cli(*TINY, f"train.init_from={tmp_path / 'pre'}", cwd=work)
+    finally:
+        checkpoint.unlink()  # the fixture that loads every checkpoint with weights_only=True would refuse it too
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"qtrain: error: train.init_from={tmp_path / 'pre'} is not allowed: {checkpoint} cannot be read as a qtrain "
+        "checkpoint of plain tensors (UnpicklingError); it was written by an older qtrain or by something else"]
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT"])
+def test_world_size_without_torchrun_rendezvous_is_one_line(tmp_path, monkeypatch, missing):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv(missing)
+    result = run_cli(*TINY, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"qtrain: error: WORLD_SIZE=2 is set but {missing} is not: start several "
+                                          "processes with torchrun --nproc-per-node=N -m qtrain.cli ..."]
+    assert list(tmp_path.iterdir()) == []

@@ -267,7 +267,7 @@ def test_init_from_needs_a_finished_run_with_a_safe_checkpoint(tmp_path, monkeyp
     with pytest.raises(ConfigError, match="its run has no checkpoint"):  # e.g. a run of zero epochs
         run(make_config(*TINY, f"train.init_from={foreign}"), tmp_path / "x")
     torch.save({"model": _RunsCode()}, foreign / "checkpoint.pt")
-    with pytest.raises(RunDirError, match="cannot be read as a qtrain checkpoint of plain tensors"):
+    with pytest.raises(ConfigError, match="cannot be read as a qtrain checkpoint of plain tensors"):
         run(make_config(*TINY, f"train.init_from={foreign}"), tmp_path / "x")
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "x").exists()
     (foreign / "checkpoint.pt").unlink()  # not a qtrain checkpoint: keep the suite's check of all checkpoints green
