@@ -101,11 +101,15 @@ class RunCallback(Callback):
             _fail(err)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         try:
             self.threads = job_threads(config.hydra.launcher, sweep_size(list(config.hydra.overrides.task)), machine_cores())
+            from qtrain.run import check_writable
+
+            check_writable(sweep_dir, "sweep directory")
         except QtrainError as err:
             _fail(err)
-        self.manifest = Path(str(config.hydra.sweep.dir)).absolute() / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}"
+        self.manifest = sweep_dir / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}"
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.threads is not None:  # in the job's own process, before its run imports torch

@@ -111,18 +111,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_writable(run_dir: str | Path) -> None:
+def check_writable(run_dir: str | Path, what: str = "run directory") -> None:
     """Raise RunDirError unless ``run_dir`` exists as a writable folder or can be created; leaves nothing behind."""
     run_dir = Path(run_dir)
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise RunDirError(f"cannot create the run directory {run_dir}: {existing} is not a directory")
+        raise RunDirError(f"cannot create the {what} {run_dir}: {existing} is not a directory")
     try:
         Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
     except OSError as err:
-        raise RunDirError(f"cannot write to the run directory {run_dir}: {err.strerror} in {existing}") from None
+        raise RunDirError(f"cannot write to the {what} {run_dir}: {err.strerror} in {existing}") from None
 
 
 def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:

@@ -194,3 +194,21 @@ def test_world_size_without_torchrun_rendezvous_is_one_line(tmp_path, monkeypatc
     assert result.stderr.splitlines() == [f"qtrain: error: WORLD_SIZE=2 is set but {missing} is not: start several "
                                           "processes with torchrun --nproc-per-node=N -m qtrain.cli ..."]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["immutable", "immutable/sweep"])
+def test_unwritable_sweep_directory_is_one_line(tmp_path, immutable, where):
+    before = _tree(tmp_path)
+    result = run_cli("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={tmp_path / where}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"qtrain: error: cannot write to the sweep directory {tmp_path / where}: Operation not permitted in {immutable}"]
+    assert _tree(tmp_path) == before
+
+
+def test_sweep_directory_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    result = run_cli("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={tmp_path / 'a_file' / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"qtrain: error: cannot create the sweep directory {tmp_path / 'a_file' / 'sweep'}: "
+                                          f"{tmp_path / 'a_file'} is not a directory"]
