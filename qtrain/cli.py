@@ -16,6 +16,7 @@ torch and pandas are imported only once a run starts, so ``--help`` and a bad co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -104,7 +105,7 @@ class RunCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         try:
             self.threads = job_threads(config.hydra.launcher, sweep_size(list(config.hydra.overrides.task)), machine_cores())
-            from qtrain.run import check_writable
+            from qtrain.results import check_writable
 
             check_writable(sweep_dir, "sweep directory")
         except QtrainError as err:
@@ -176,10 +177,19 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
         error = f"{type(err).__name__}: {err}".splitlines()[0]
         record_failure(cfg, run_dir, error)
         return {"status": "failed", "error": error}
+    twin = None
+    if distributed.is_writer() and not (Path(run_dir) / "summary.json").is_file():  # reported from a finished twin
+        from qtrain.config import identity
+        from qtrain.run import finished_twin
+
+        twin = finished_twin(run_dir, identity(cfg))
+        with contextlib.suppress(OSError):  # the directory made for it, empty
+            Path(run_dir).rmdir()
+    shown = str(twin or run_dir)
     if not sweep and distributed.is_writer():
-        print(runs_table([run_dir]))
-        print(f"results: {run_dir}")
-    return {"status": summary["status"]}
+        print(runs_table([shown]))
+        print(f"results: {shown}")
+    return {"status": summary["status"], **({"dir": shown} if twin else {})}
 
 
 class _QuietCudaProbe(logging.Filter):

@@ -48,6 +48,8 @@ TEXT_LEVELS = ("word", "char")
 NOT_IDENTITY = ("force", "progress")
 # Paths in the identity are made absolute, so the same folder named from two working directories is one run.
 PATH_KEYS = ("data.root", "train.init_from")
+# The longest part of a run directory's name taken from its overrides (whole key=value items; the id follows).
+NAME_LENGTH = 120
 # Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
 MAX_COMPOSED = 16
 
@@ -459,9 +461,17 @@ def run_dir_name(override_dirname: str, *, _root_: DictConfig) -> str:
     """The last part of a run directory: the overrides that name it, then ``id=`` the identity's digest.
 
     Registered as the resolver ``qtrain.run_dir_name`` and used by ``hydra.run.dir`` and
-    ``hydra.sweep.subdir``: two configs with different identities never share a directory.
+    ``hydra.sweep.subdir``: two configs with different identities never share a directory. The overrides
+    are kept whole, as many as fit in :data:`NAME_LENGTH` characters. One identity may get two names
+    (``seed=0`` given or left to its default): ``run.py`` reuses a finished run of the same identity
+    from a directory beside this one (:func:`qtrain.run.finished_twin`).
     """
     task = OmegaConf.masked_copy(_root_, [k for k in _root_.keys() if k != "hydra"])
-    name = override_dirname.replace("/", "_")[:120]
+    name = ""
+    for item in override_dirname.replace("/", "_").split(","):  # whole key=value items only, up to NAME_LENGTH
+        longer = f"{name},{item}" if name else item
+        if len(longer) > NAME_LENGTH:
+            break
+        name = longer
     run_id = f"id={digest(identity(task))}"
     return f"{name},{run_id}" if name else run_id

@@ -23,13 +23,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain.errors import RunDirError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METRICS, PRECISION, COST, SUMMARY, CHECKPOINT = "metrics.csv", "precision.csv", "cost.csv", "summary.json", "checkpoint.pt"
 HYDRA_DIR, LOCK = ".hydra", ".qtrain.lock"
@@ -63,8 +64,25 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def check_writable(run_dir: str | Path, what: str = "run directory") -> None:
+    """Raise RunDirError unless ``run_dir`` (a ``what``) exists as a writable folder or can be created; leaves nothing
+    behind."""
+    run_dir = Path(run_dir)
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunDirError(f"cannot create the {what} {run_dir}: {existing} is not a directory")
+    try:
+        Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
+    except OSError as err:
+        raise RunDirError(f"cannot write to the {what} {run_dir}: {err.strerror} in {existing}") from None
+
+
 def load_state(path: Path) -> dict[str, Any]:
     """A checkpoint's contents, read as tensors and plain Python values only (``weights_only=True``)."""
+    import torch  # here, not above: qtrain-report reads run directories without torch
+
     try:
         with warnings.catch_warnings():  # torch warns of a foreign pickle protocol before refusing it: the error says it
             warnings.simplefilter("ignore")
@@ -171,6 +189,8 @@ class RunFiles:
             atomic_write(self.dir / HYDRA_DIR / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        import torch
+
         atomic_write(self.dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self) -> dict[str, Any] | None:

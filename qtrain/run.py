@@ -10,7 +10,8 @@ it: CPU and GPU kernels, and compiled and eager ones, round differently. The dir
 method's, ``train.init_from``, that the directory can be written), then locks the directory and reads
 what it holds:
 
-- nothing: a new run starts;
+- nothing: a new run starts, unless a directory beside it holds the same identity finished (the same
+  configuration under another name, e.g. with ``seed=0`` spelt out): that run is reported, not trained again;
 - a run of another identity: a one-line error naming the first differing key (old → new), the
   directory left as it was (``force=true`` replaces that run);
 - a completed run: its summary is reported again; a diverged run: the divergence is reported again
@@ -34,7 +35,6 @@ from __future__ import annotations
 import logging
 import platform
 import random
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -56,7 +56,7 @@ from qtrain.models import MODELS, build_model, check_model_config, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
-from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles
+from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles, check_writable
 from qtrain.train import Diverged, Progress, Trainer
 
 log = logging.getLogger(__name__)
@@ -109,20 +109,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def check_writable(run_dir: str | Path, what: str = "run directory") -> None:
-    """Raise RunDirError unless ``run_dir`` exists as a writable folder or can be created; leaves nothing behind."""
-    run_dir = Path(run_dir)
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RunDirError(f"cannot create the {what} {run_dir}: {existing} is not a directory")
-    try:
-        Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
-    except OSError as err:
-        raise RunDirError(f"cannot write to the {what} {run_dir}: {err.strerror} in {existing}") from None
 
 
 def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:
@@ -182,6 +168,22 @@ def _earlier_identity(files: RunFiles, summary: dict[str, Any] | None) -> tuple[
             return identity(summary["config"]), None
         raise RunDirError(f"{files.dir / SUMMARY} is not a qtrain summary (it names no config)")
     return None, None
+
+
+def finished_twin(run_dir: str | Path, ident: dict[str, Any]) -> Path | None:
+    """A directory beside ``run_dir``, under another name, that holds a completed run of identity ``ident``."""
+    run_dir = Path(run_dir)
+    suffix = f"id={digest(ident)}"
+    for other in sorted(run_dir.parent.glob(f"*{suffix}")):
+        if other == run_dir or not other.name.endswith(suffix) or not other.is_dir():
+            continue
+        try:
+            summary = RunFiles(other).read_summary()
+        except RunDirError:
+            continue
+        if summary is not None and summary["status"] == "completed" and summary.get("identity") == ident:
+            return other
+    return None
 
 
 def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> str:
@@ -305,6 +307,11 @@ def _decide(cfg: DictConfig, files: RunFiles, plan: Preflight) -> tuple[dict[str
     if summary is not None and summary["status"] == "completed":
         log.info("%s already holds a finished run (force=true reruns it)", files.dir)
         return summary, None
+    twin = None if summary is not None or checkpoint is not None or cfg.force else finished_twin(files.dir, identity(cfg))
+    if twin is not None:
+        log.info("%s already holds this run, finished (the same identity under another name): it is not trained again",
+                 twin)
+        return RunFiles(twin).read_summary(), None
     if summary is not None and summary["status"] == "diverged":
         where = summary.get("diverged") if isinstance(summary.get("diverged"), dict) else {}
         raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where.get('loss', '?')} at epoch "
