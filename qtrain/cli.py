@@ -124,9 +124,9 @@ class RunCallback(Callback):
         else:
             outcome = {"status": "failed", "error": f"{type(job_return._return_value).__name__}: {job_return._return_value}"}
         record = {"num": config.hydra.job.num, "dir": config.hydra.runtime.output_dir, **outcome}
-        from qtrain.results import atomic_write
+        from qtrain.results import atomic_write, strict_json
 
-        atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(json.dumps(record)))
+        atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(strict_json(record)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.manifest is None or not self.manifest.is_dir():
@@ -207,7 +207,12 @@ def main() -> None:
         if args.multirun and distributed.active():
             raise ConfigError(f"a sweep (-m) cannot run under torchrun (WORLD_SIZE={distributed.world_size()}): start "
                               "each job with torchrun, or the sweep on one process")
-        if not (args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion):
+        for given, flag in ((args.config_path, "-cp/--config-path"), (args.config_name, "-cn/--config-name"),
+                            (args.config_dir, "-cd/--config-dir")):
+            if given:  # every check and the run's identity read qtrain's own config tree
+                raise ConfigError(f"{flag} {given} is not allowed: qtrain composes its own config tree (set keys on "
+                                  "the command line, or choose experiment=NAME)")
+        if not (args.experimental_rerun or args.shell_completion):
             check_command_line(args.overrides, configs, args.multirun)
     except QtrainError as err:
         _fail(err)

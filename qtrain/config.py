@@ -5,14 +5,16 @@ Checks give one-line errors naming the bad value and what is allowed:
 - :func:`check_command_line` reads the command line before Hydra composes anything: group choices
   (``method=...``) must name a file in ``conf/``; every ``key=value`` must name a key of the composed
   config (an unknown key gets the nearest valid one), and its value must have the type of the key's
-  default; ``+key`` and ``~key`` are refused, since nothing in qtrain reads a key its config files lack.
+  default; ``+key`` and ``~key`` are refused, since nothing in qtrain reads a key its config files lack;
+  a key given twice is refused (Hydra would keep the last silently).
   ``hydra/launcher=...`` must name a launcher, and ``hydra.launcher.KEY=...`` one of its keys.
 - :func:`validate` checks the run-level values of a composed config (training length, batch sizes,
   device, data, optimizer, schedule). Method-specific values are checked by each method's constructor.
 
 A run's identity (:func:`identity`) is its whole resolved config minus :data:`NOT_IDENTITY`, the keys
 that cannot change its results, plus ``world_size`` where torchrun starts more than one process
-(BatchNorm statistics and activation ranges are per process); its digest names the run directory and
+(BatchNorm statistics and activation ranges are per process), and ``data.python``, the Python release,
+for ``data=text`` (its corpus is that release's documentation); its digest names the run directory and
 guards resumes (``run.py``), so a run never resumes under another world size.
 """
 
@@ -25,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,8 @@ def _parse(overrides: list[str]) -> list[Any]:
         except HydraException as err:
             lines = [line for line in str(err).splitlines() if not line.startswith(("See ", "Error parsing override"))]
             reason = lines[0].strip() if lines else "not Hydra's override syntax"
+            if "=" not in text and parsed:  # the shell split a value at a space: its tail came as a word of its own
+                reason += f" (a value with spaces must be quoted: {parsed[-1].input_line.partition('=')[0]}=\"... {text}\")"
             raise ConfigError(f"cannot read the override {text!r}: {reason}") from None
     return parsed
 
@@ -201,6 +206,12 @@ def _check_launcher(overrides: list[Any], conf_dir: Path) -> None:
 def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
     """Raise ConfigError for an override that names no group choice or key, or gives a value of the wrong type."""
     everything = _parse(overrides)
+    seen: dict[str, str] = {}
+    for override in everything:
+        key, text = override.key_or_group, override.input_line or override.key_or_group
+        if key in seen:
+            raise ConfigError(f"{key} is given twice ({seen[key]}, {text}): give it once")
+        seen[key] = text
     _check_launcher([o for o in everything if o.is_hydra_override()], conf_dir)
     parsed = [o for o in everything if not o.is_hydra_override()]
     for override in parsed:
@@ -417,6 +428,9 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
             plain[section][key] = os.path.abspath(os.path.expanduser(value))
     if distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
         plain["world_size"] = distributed.world_size()
+    data = plain.get("data")
+    if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
+        data["python"] = platform.python_version()
     return plain
 
 

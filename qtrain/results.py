@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
 import tempfile
@@ -98,6 +99,21 @@ def load_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """``value`` as JSON that strict parsers read: NaN and ±inf (which JSON lacks) written as null."""
+    return json.dumps(_finite(value), allow_nan=False, default=str, **options)
+
+
 def summary_problem(summary: Any) -> str:
     """What makes a parsed ``summary.json`` unusable (``""`` where nothing does)."""
     if not isinstance(summary, dict):
@@ -168,7 +184,7 @@ class RunFiles:
         atomic_write(self.dir / name, lambda tmp: table.to_csv(tmp, index=False))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write(self.dir / SUMMARY, lambda tmp: tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n"))
+        atomic_write(self.dir / SUMMARY, lambda tmp: tmp.write_text(strict_json(summary, indent=2) + "\n"))
 
     def read_summary(self) -> dict[str, Any] | None:
         path = self.dir / SUMMARY

@@ -217,7 +217,8 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         },
         "hardware": _hardware(cfg, progress, meter),
         **({method.name: report} if report else {}),
-        "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step, "loss": diverged.loss},
+        "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step,
+                                                   "loss": str(diverged.loss)},  # nan or inf: JSON has neither
         "wall_seconds": progress.elapsed,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),

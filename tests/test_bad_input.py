@@ -61,6 +61,14 @@ CASES = {
     "float for an integer": (["train.epochs=2.5"], None, "train.epochs=2.5 is not allowed: it must be an integer"),
     "sweep without -m": (["seed=0,1"], None, "seed=0,1 is a sweep: add -m (--multirun) to run one job per value"),
     "unknown choice": (["optim=lbfgs"], None, "unknown optim 'lbfgs' (choose from: adam, sgd)"),
+    "a key given twice": (["seed=3", "seed=4"], None, "seed is given twice (seed=3, seed=4): give it once"),
+    "a path with a space, unquoted": (["data=mnist", "data.root={tmp}/my", "data"], None,
+                                      "cannot read the override 'data': missing EQUAL at '<EOF>' (a value with spaces "
+                                      "must be quoted: data.root=\"... data\")"),
+    "another config name": (["-cn", "mine"], None, "-cn/--config-name mine is not allowed: qtrain composes its own "
+                                                   "config tree (set keys on the command line, or choose experiment=NAME)"),
+    "another config dir": (["-cd", "{tmp}"], None, "-cd/--config-dir {tmp} is not allowed: qtrain composes its own "
+                                                   "config tree (set keys on the command line, or choose experiment=NAME)"),
     # the composed config, checked before the run directory is made and before any data is loaded
     "nan learning rate": (["optim.lr=nan"], None, "optim.lr=nan is not allowed: it must be a finite number > 0"),
     "infinite learning rate": (["optim.lr=inf"], None, "optim.lr=inf is not allowed: it must be a finite number > 0"),
