@@ -36,7 +36,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
-from qtrain.config import check_command_line, run_dir_name, sweep_size, validate
+from qtrain.config import GROUPS, check_command_line, group_options, run_dir_name, sweep_size, validate
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.launch import job_threads, machine_cores, use_threads
 
@@ -50,6 +50,11 @@ def conf_dir() -> Path:
         if (candidate / "config.yaml").is_file():
             return candidate
     raise FileNotFoundError(f"qtrain's config tree (conf/config.yaml) is missing beside {here}")
+
+
+def config_groups(configs: Path) -> str:
+    """The groups a user chooses from, one line each, for ``--help`` (not the ``scale/*`` files the scales compose)."""
+    return "\n".join(f"{group}: {', '.join(group_options(configs, group))}" for group in GROUPS)
 
 
 def _fail(err: QtrainError) -> NoReturn:
@@ -217,6 +222,7 @@ def main() -> None:
     except QtrainError as err:
         _fail(err)
     OmegaConf.register_new_resolver("qtrain.run_dir_name", run_dir_name, replace=True)
+    OmegaConf.register_new_resolver("qtrain.config_groups", lambda: config_groups(configs), replace=True)
     logging.getLogger("torch._inductor").setLevel(logging.ERROR)
     logging.getLogger("torch.utils.cpp_extension").addFilter(_QuietCudaProbe())
     hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()

@@ -14,6 +14,8 @@ def test_help_lists_the_config_groups(tmp_path):
               "data: cifar10", "experiment: adapt_alexnet_cifar10, adapt_alexnet_cifar100, adapt_cifar")
     for group in groups:
         assert group in result.stdout
+    assert "scale: mini, paper, smoke" in result.stdout and "scale/" not in result.stdout  # the scales' own files
+    assert "qtrain-report DIR" in result.stdout
 
 
 def test_unknown_choice_is_one_line_and_nonzero(tmp_path):
