@@ -150,6 +150,9 @@ class RunCallback(Callback):
 
 
 def _remove_new_dirs() -> None:
+    """Remove the folders this single run made, with the config it wrote, unless it saved an epoch's checkpoint."""
+    if _new_dirs and not (_new_dirs[0] / "checkpoint.pt").exists():  # an error in the first epoch (a bad image)
+        shutil.rmtree(_new_dirs[0] / ".hydra", ignore_errors=True)
     for path in _new_dirs:  # deepest first; a folder something else wrote into stays
         try:
             path.rmdir()
