@@ -192,8 +192,16 @@ def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> st
                            "or choose another directory with hydra.run.dir=DIR")
 
 
+def data_sizes(data: Any) -> dict[str, Any]:
+    """What a run trained and was tested on: each split's samples (tokens of a corpus) and the model's input sizes
+    (a corpus's vocabulary size)."""
+    unit = "tokens" if data.task.name == "language_model" else "samples"
+    inputs = {key: list(value) if isinstance(value, tuple) else value for key, value in data.model_inputs().items()}
+    return {f"train_{unit}": len(data.train), f"test_{unit}": len(data.test), **inputs}
+
+
 def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Method, status: str, device: torch.device,
-              diverged: Diverged | None = None) -> dict[str, Any]:
+              diverged: Diverged | None = None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     task = DATASETS[cfg.data.name]
     last = progress.history[-1] if progress.history else {}
     report = method.report(progress.epoch)
@@ -203,7 +211,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "status": status,
         "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
         "epochs_completed": progress.epoch, "steps": progress.step,
-        "task": task.name,
+        "task": task.name, "data_sizes": sizes,
         "final": {f"{split}_{figure}": last.get(f"{split}_{figure}") for split in ("train", "test") for figure in task.figures},
         "best_test_acc": max((row["test_acc"] for row in progress.history), default=None),
         **({f"best_{task.score}": task.best([row[task.score] for row in progress.history])}
@@ -341,6 +349,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     device, method = plan.device, plan.method
     data = load_data(cfg.data)
     inputs = data.model_inputs()
+    sizes = data_sizes(data)
+    log.info("data %s: %s", cfg.data.name, ", ".join(f"{key} {value}" for key, value in sizes.items()))
     model = build_model(cfg.model.name, cfg.model, **inputs).to(device)
     if plan.initial is not None:
         ours = model.state_dict()
@@ -422,9 +432,9 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         trainer.fit(end_epoch)
     except Diverged as err:
         if writer:
-            files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err))
+            files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err, sizes))
         raise
-    summary = summarize(cfg, trainer.progress, meter, method, "completed", device)
+    summary = summarize(cfg, trainer.progress, meter, method, "completed", device, sizes=sizes)
     if writer:
         files.write_summary(summary)
     return summary

@@ -320,3 +320,18 @@ def test_the_python_release_is_part_of_a_text_run_identity(monkeypatch):
     monkeypatch.setattr(platform, "python_version", lambda: "3.99.0")
     assert first_difference(ident, identity(make_config(*TINY_TEXT))) == f"data.python {ident['data']['python']!r} → '3.99.0'"
     assert "python" not in identity(make_config(*TINY))["data"]  # an image run's identity is as it was
+
+
+def test_summary_and_log_name_the_data_sizes(tmp_path, caplog):
+    from qtrain.data import load_data
+
+    caplog.set_level("INFO", logger="qtrain")
+    cfg = make_config(*TINY_TEXT, "train.epochs=1")
+    sizes = run(cfg, tmp_path / "text")["data_sizes"]
+    vocab = len(load_data(cfg.data).vocab)
+    assert sizes == {"train_tokens": 3000, "test_tokens": 600, "vocab_size": vocab}  # data.sample's counts
+    assert f"data text: train_tokens 3000, test_tokens 600, vocab_size {vocab}" in caplog.text
+    run(make_config(*TINY, "train.epochs=1"), tmp_path / "image")
+    image = json.loads((tmp_path / "image" / "summary.json").read_text())["data_sizes"]
+    assert image == {"train_samples": 256, "test_samples": 64, "in_channels": 3, "num_classes": 4,
+                     "input_size": [8, 8]}
