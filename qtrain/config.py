@@ -312,10 +312,12 @@ def _validate_data(cfg: DictConfig) -> None:
     else:
         _validate_images(cfg)
     sample = data.sample
-    if sample is not None and (not isinstance(sample, DictConfig) or set(sample.keys()) != {"train", "test"}
+    if sample is not None and (not isinstance(sample, DictConfig) or not sample.keys()
+                               or not set(sample.keys()) <= {"train", "test"}
                                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
         shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
-        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
+        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1 (a split left "
+                          "out is taken whole), or null")
 
 
 def _validate_images(cfg: DictConfig) -> None:

@@ -82,9 +82,9 @@ CASES = {
                                              "cifar10 files"),
     "unknown text level": (["data=text", "data.level=byte"], None,
                            "data.level='byte' is not allowed (choose from: word, char)"),
-    "sample without a test size": (["data.sample={train: 10}"], None,
-                                   "data.sample={'train': 10} is not allowed: {train: N, test: M} with integers >= 1, "
-                                   "or null"),
+    "sample of a split that is not there": (["data.sample={train: 10, valid: 5}"], None,
+                                            "data.sample={'train': 10, 'valid': 5} is not allowed: {train: N, test: M} "
+                                            "with integers >= 1 (a split left out is taken whole), or null"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,

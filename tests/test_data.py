@@ -272,3 +272,9 @@ def test_periods_lay_the_passes_end_to_end_and_cut_them_into_epochs():
             expected_x, expected_y = passes[4 * epoch + i]
             assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
             assert periods.global_size(i) == sizes[4 * epoch + i] == len(y)
+
+
+def test_a_sample_of_one_split_leaves_the_other_whole():
+    full = load_data(make_config("data=digits").data)
+    train_only = load_data(make_config("data=digits", "data.sample={train: 50}").data)
+    assert len(train_only.train) == 50 and torch.equal(train_only.test.images, full.test.images)
