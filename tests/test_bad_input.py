@@ -61,7 +61,6 @@ CASES = {
     "float for an integer": (["train.epochs=2.5"], None, "train.epochs=2.5 is not allowed: it must be an integer"),
     "sweep without -m": (["seed=0,1"], None, "seed=0,1 is a sweep: add -m (--multirun) to run one job per value"),
     "unknown choice": (["optim=lbfgs"], None, "unknown optim 'lbfgs' (choose from: adam, sgd)"),
-    "a key given twice": (["seed=3", "seed=4"], None, "seed is given twice (seed=3, seed=4): give it once"),
     "a path with a space, unquoted": (["data=mnist", "data.root={tmp}/my", "data"], None,
                                       "cannot read the override 'data': missing EQUAL at '<EOF>' (a value with spaces "
                                       "must be quoted: data.root=\"... data\")"),
