@@ -16,6 +16,7 @@ torch and pandas are imported only once a run starts, so ``--help`` and a bad co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
-from qtrain.config import check_command_line, run_dir_name, sweep_size, swept_keys, validate
+from qtrain.config import GROUPS, check_command_line, group_options, run_dir_name, sweep_size, swept_keys, validate
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.launch import job_tag, job_threads, machine_cores, tag_log_lines, use_threads
 
@@ -49,6 +50,11 @@ def conf_dir() -> Path:
         if (candidate / "config.yaml").is_file():
             return candidate
     raise FileNotFoundError(f"qtrain's config tree (conf/config.yaml) is missing beside {here}")
+
+
+def config_groups(configs: Path) -> str:
+    """The groups a user chooses from, one line each, for ``--help`` (not the ``scale/*`` files the scales compose)."""
+    return "\n".join(f"{group}: {', '.join(group_options(configs, group))}" for group in GROUPS)
 
 
 def _fail(err: QtrainError) -> NoReturn:
@@ -103,13 +109,17 @@ class RunCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         overrides = list(config.hydra.overrides.task)
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         try:
             self.threads = job_threads(config.hydra.launcher, sweep_size(overrides), machine_cores())
+            from qtrain.results import check_writable
+
+            check_writable(sweep_dir, "sweep directory")
         except QtrainError as err:
             _fail(err)
         if "n_jobs" in config.hydra.launcher:  # joblib: the jobs share this terminal (submitit's log to files of their own)
             self.swept = swept_keys(overrides)
-        self.manifest = Path(str(config.hydra.sweep.dir)).absolute() / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}"
+        self.manifest = sweep_dir / f".qtrain-sweep-{os.getpid()}-{time.time_ns()}"
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.threads is not None:  # in the job's own process, before its run imports torch
@@ -125,9 +135,9 @@ class RunCallback(Callback):
         else:
             outcome = {"status": "failed", "error": f"{type(job_return._return_value).__name__}: {job_return._return_value}"}
         record = {"num": config.hydra.job.num, "dir": config.hydra.runtime.output_dir, **outcome}
-        from qtrain.results import atomic_write
+        from qtrain.results import atomic_write, strict_json
 
-        atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(json.dumps(record)))
+        atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(strict_json(record)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.manifest is None or not self.manifest.is_dir():
@@ -146,6 +156,9 @@ class RunCallback(Callback):
 
 
 def _remove_new_dirs() -> None:
+    """Remove the folders this single run made, with the config it wrote, unless it saved an epoch's checkpoint."""
+    if _new_dirs and not (_new_dirs[0] / "checkpoint.pt").exists():  # an error in the first epoch (a bad image)
+        shutil.rmtree(_new_dirs[0] / ".hydra", ignore_errors=True)
     for path in _new_dirs:  # deepest first; a folder something else wrote into stays
         try:
             path.rmdir()
@@ -178,10 +191,19 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
         error = f"{type(err).__name__}: {err}".splitlines()[0]
         record_failure(cfg, run_dir, error)
         return {"status": "failed", "error": error}
+    twin = None
+    if distributed.is_writer() and not (Path(run_dir) / "summary.json").is_file():  # reported from a finished twin
+        from qtrain.config import identity
+        from qtrain.run import finished_twin
+
+        twin = finished_twin(run_dir, identity(cfg))
+        with contextlib.suppress(OSError):  # the directory made for it, empty
+            Path(run_dir).rmdir()
+    shown = str(twin or run_dir)
     if not sweep and distributed.is_writer():
-        print(runs_table([run_dir]))
-        print(f"results: {run_dir}")
-    return {"status": summary["status"]}
+        print(runs_table([shown]))
+        print(f"results: {shown}")
+    return {"status": summary["status"], **({"dir": shown} if twin else {})}
 
 
 class _QuietCudaProbe(logging.Filter):
@@ -199,11 +221,17 @@ def main() -> None:
         if args.multirun and distributed.active():
             raise ConfigError(f"a sweep (-m) cannot run under torchrun (WORLD_SIZE={distributed.world_size()}): start "
                               "each job with torchrun, or the sweep on one process")
-        if not (args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion):
+        for given, flag in ((args.config_path, "-cp/--config-path"), (args.config_name, "-cn/--config-name"),
+                            (args.config_dir, "-cd/--config-dir")):
+            if given:  # every check and the run's identity read qtrain's own config tree
+                raise ConfigError(f"{flag} {given} is not allowed: qtrain composes its own config tree (set keys on "
+                                  "the command line, or choose experiment=NAME)")
+        if not (args.experimental_rerun or args.shell_completion):
             check_command_line(args.overrides, configs, args.multirun)
     except QtrainError as err:
         _fail(err)
     OmegaConf.register_new_resolver("qtrain.run_dir_name", run_dir_name, replace=True)
+    OmegaConf.register_new_resolver("qtrain.config_groups", lambda: config_groups(configs), replace=True)
     logging.getLogger("torch._inductor").setLevel(logging.ERROR)
     logging.getLogger("torch.utils.cpp_extension").addFilter(_QuietCudaProbe())
     hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()

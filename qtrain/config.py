@@ -12,7 +12,8 @@ Checks give one-line errors naming the bad value and what is allowed:
 
 A run's identity (:func:`identity`) is its whole resolved config minus :data:`NOT_IDENTITY`, the keys
 that cannot change its results, plus ``world_size`` where torchrun starts more than one process
-(BatchNorm statistics and activation ranges are per process); its digest names the run directory and
+(BatchNorm statistics and activation ranges are per process), and ``data.python``, the Python release,
+for ``data=text`` (its corpus is that release's documentation); its digest names the run directory and
 guards resumes (``run.py``), so a run never resumes under another world size.
 """
 
@@ -25,6 +26,7 @@ import itertools
 import json
 import math
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,8 @@ TEXT_LEVELS = ("word", "char")
 NOT_IDENTITY = ("force", "progress")
 # Paths in the identity are made absolute, so the same folder named from two working directories is one run.
 PATH_KEYS = ("data.root", "train.init_from")
+# The longest part of a run directory's name taken from its overrides (whole key=value items; the id follows).
+NAME_LENGTH = 120
 # Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
 MAX_COMPOSED = 16
 
@@ -68,6 +72,8 @@ def _parse(overrides: list[str]) -> list[Any]:
         except HydraException as err:
             lines = [line for line in str(err).splitlines() if not line.startswith(("See ", "Error parsing override"))]
             reason = lines[0].strip() if lines else "not Hydra's override syntax"
+            if "=" not in text and parsed:  # the shell split a value at a space: its tail came as a word of its own
+                reason += f" (a value with spaces must be quoted: {parsed[-1].input_line.partition('=')[0]}=\"... {text}\")"
             raise ConfigError(f"cannot read the override {text!r}: {reason}") from None
     return parsed
 
@@ -304,10 +310,12 @@ def _validate_data(cfg: DictConfig) -> None:
     else:
         _validate_images(cfg)
     sample = data.sample
-    if sample is not None and (not isinstance(sample, DictConfig) or set(sample.keys()) != {"train", "test"}
+    if sample is not None and (not isinstance(sample, DictConfig) or not sample.keys()
+                               or not set(sample.keys()) <= {"train", "test"}
                                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sample.values())):
         shown = OmegaConf.to_container(sample) if isinstance(sample, DictConfig) else sample
-        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1, or null")
+        raise ConfigError(f"data.sample={shown} is not allowed: {{train: N, test: M}} with integers >= 1 (a split left "
+                          "out is taken whole), or null")
 
 
 def _validate_images(cfg: DictConfig) -> None:
@@ -425,6 +433,9 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
             plain[section][key] = os.path.abspath(os.path.expanduser(value))
     if distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
         plain["world_size"] = distributed.world_size()
+    data = plain.get("data")
+    if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
+        data["python"] = platform.python_version()
     return plain
 
 
@@ -469,9 +480,17 @@ def run_dir_name(override_dirname: str, *, _root_: DictConfig) -> str:
     """The last part of a run directory: the overrides that name it, then ``id=`` the identity's digest.
 
     Registered as the resolver ``qtrain.run_dir_name`` and used by ``hydra.run.dir`` and
-    ``hydra.sweep.subdir``: two configs with different identities never share a directory.
+    ``hydra.sweep.subdir``: two configs with different identities never share a directory. The overrides
+    are kept whole, as many as fit in :data:`NAME_LENGTH` characters. One identity may get two names
+    (``seed=0`` given or left to its default): ``run.py`` reuses a finished run of the same identity
+    from a directory beside this one (:func:`qtrain.run.finished_twin`).
     """
     task = OmegaConf.masked_copy(_root_, [k for k in _root_.keys() if k != "hydra"])
-    name = override_dirname.replace("/", "_")[:120]
+    name = ""
+    for item in override_dirname.replace("/", "_").split(","):  # whole key=value items only, up to NAME_LENGTH
+        longer = f"{name},{item}" if name else item
+        if len(longer) > NAME_LENGTH:
+            break
+        name = longer
     run_id = f"id={digest(identity(task))}"
     return f"{name},{run_id}" if name else run_id

@@ -68,7 +68,7 @@ def check_launch(device: torch.device) -> torch.device:
     import torch
 
     size = world_size()
-    for name in ("RANK", "LOCAL_RANK"):
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # what torchrun sets and the process group reads
         if name not in os.environ:
             raise ConfigError(f"WORLD_SIZE={size} is set but {name} is not: start several processes with "
                               "torchrun --nproc-per-node=N -m qtrain.cli ...")

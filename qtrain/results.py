@@ -15,24 +15,31 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain.errors import RunDirError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 METRICS, PRECISION, COST, SUMMARY, CHECKPOINT = "metrics.csv", "precision.csv", "cost.csv", "summary.json", "checkpoint.pt"
 HYDRA_DIR, LOCK = ".hydra", ".qtrain.lock"
 TMP_SUFFIX = ".tmp"
+STATUSES = ("completed", "diverged", "failed")  # a summary's status
+# What every checkpoint holds (run.py writes them all; rank_rng only under torchrun).
+CHECKPOINT_KEYS = ("identity", "device_type", "model", "optimizer", "scheduler", "method", "step_schedule", "meter",
+                   "progress", "precision_log", "rng")
 
 
 def file_mode() -> int:
@@ -58,13 +65,62 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def check_writable(run_dir: str | Path, what: str = "run directory") -> None:
+    """Raise RunDirError unless ``run_dir`` (a ``what``) exists as a writable folder or can be created; leaves nothing
+    behind."""
+    run_dir = Path(run_dir)
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunDirError(f"cannot create the {what} {run_dir}: {existing} is not a directory")
+    try:
+        Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
+    except OSError as err:
+        raise RunDirError(f"cannot write to the {what} {run_dir}: {err.strerror} in {existing}") from None
+
+
 def load_state(path: Path) -> dict[str, Any]:
     """A checkpoint's contents, read as tensors and plain Python values only (``weights_only=True``)."""
+    import torch  # here, not above: qtrain-report reads run directories without torch
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a foreign pickle protocol before refusing it: the error says it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling raises assorted errors on foreign or damaged files
         raise RunDirError(f"{path} cannot be read as a qtrain checkpoint of plain tensors ({type(err).__name__}); "
                           "it was written by an older qtrain or by something else") from None
+    missing = [key for key in CHECKPOINT_KEYS if key not in state] if isinstance(state, dict) else None
+    if missing is None or missing:
+        held = f"it lacks {', '.join(missing)}" if missing else f"it holds a {type(state).__name__}, not a dict"
+        raise RunDirError(f"{path} is not a qtrain checkpoint ({held}); it was written by an older qtrain or by "
+                          "something else")
+    return state
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """``value`` as JSON that strict parsers read: NaN and ±inf (which JSON lacks) written as null."""
+    return json.dumps(_finite(value), allow_nan=False, default=str, **options)
+
+
+def summary_problem(summary: Any) -> str:
+    """What makes a parsed ``summary.json`` unusable (``""`` where nothing does)."""
+    if not isinstance(summary, dict):
+        return f"it holds a JSON {type(summary).__name__}, not an object"
+    if summary.get("status") not in STATUSES:
+        return f"its status is {summary.get('status', '(absent)')!r}, not one of {', '.join(STATUSES)}"
+    return ""
 
 
 class RunLock:
@@ -128,16 +184,20 @@ class RunFiles:
         atomic_write(self.dir / name, lambda tmp: table.to_csv(tmp, index=False))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write(self.dir / SUMMARY, lambda tmp: tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n"))
+        atomic_write(self.dir / SUMMARY, lambda tmp: tmp.write_text(strict_json(summary, indent=2) + "\n"))
 
     def read_summary(self) -> dict[str, Any] | None:
         path = self.dir / SUMMARY
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text())
+            summary = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise RunDirError(f"{path} is not a qtrain summary ({type(err).__name__})") from None
+        problem = summary_problem(summary)
+        if problem:
+            raise RunDirError(f"{path} is not a qtrain summary ({problem})")
+        return summary
 
     def write_config(self, config: DictConfig, overrides: list[str]) -> None:
         """``.hydra/config.yaml`` and ``.hydra/overrides.yaml``: the run's config and its command-line overrides."""
@@ -145,6 +205,8 @@ class RunFiles:
             atomic_write(self.dir / HYDRA_DIR / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        import torch
+
         atomic_write(self.dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self) -> dict[str, Any] | None:

@@ -10,7 +10,8 @@ it: CPU and GPU kernels, and compiled and eager ones, round differently. The dir
 method's, ``train.init_from``, that the directory can be written), then locks the directory and reads
 what it holds:
 
-- nothing: a new run starts;
+- nothing: a new run starts, unless a directory beside it holds the same identity finished (the same
+  configuration under another name, e.g. with ``seed=0`` spelt out): that run is reported, not trained again;
 - a run of another identity: a one-line error naming the first differing key (old → new), the
   directory left as it was (``force=true`` replaces that run);
 - a completed run (one its method stopped before ``train.epochs`` too, ``stopped_early`` in its
@@ -35,7 +36,6 @@ from __future__ import annotations
 import logging
 import platform
 import random
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -57,7 +57,7 @@ from qtrain.models import MODELS, build_model, check_model_config, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
-from qtrain.results import COST, METRICS, PRECISION, RunFiles
+from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles, check_writable
 from qtrain.train import Diverged, Progress, Trainer
 
 log = logging.getLogger(__name__)
@@ -112,27 +112,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_writable(run_dir: str | Path) -> None:
-    """Raise RunDirError unless ``run_dir`` exists as a writable folder or can be created; leaves nothing behind."""
-    run_dir = Path(run_dir)
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RunDirError(f"cannot create the run directory {run_dir}: {existing} is not a directory")
-    try:
-        Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
-    except OSError as err:
-        raise RunDirError(f"cannot write to the run directory {run_dir}: {err.strerror} in {existing}") from None
-
-
 def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:
     """The final model weights of the finished run in ``run_dir`` (``train.init_from``)."""
     files = RunFiles(run_dir)
-    summary = files.read_summary() if files.dir.is_dir() else None
-    if summary is None or summary.get("status") != "completed":
-        raise ConfigError(f"train.init_from={run_dir} is not allowed: it holds no finished run (run the pre-training first)")
-    checkpoint = files.load_checkpoint()
+    try:
+        summary = files.read_summary() if files.dir.is_dir() else None
+        if summary is None or summary["status"] != "completed":
+            raise ConfigError(f"train.init_from={run_dir} is not allowed: it holds no finished run (run the pre-training "
+                              "first)")
+        checkpoint = files.load_checkpoint()
+    except RunDirError as err:
+        raise ConfigError(f"train.init_from={run_dir} is not allowed: {err}") from None
     if checkpoint is None:
         raise ConfigError(f"train.init_from={run_dir} is not allowed: its run has no checkpoint to start from")
     return checkpoint["model"]
@@ -173,8 +163,28 @@ def _earlier_identity(files: RunFiles, summary: dict[str, Any] | None) -> tuple[
     if checkpoint is not None:
         return checkpoint["identity"], checkpoint
     if summary is not None:
-        return summary.get("identity") or identity(summary["config"]), None
+        if isinstance(summary.get("identity"), dict):
+            return summary["identity"], None
+        if isinstance(summary.get("config"), dict):
+            return identity(summary["config"]), None
+        raise RunDirError(f"{files.dir / SUMMARY} is not a qtrain summary (it names no config)")
     return None, None
+
+
+def finished_twin(run_dir: str | Path, ident: dict[str, Any]) -> Path | None:
+    """A directory beside ``run_dir``, under another name, that holds a completed run of identity ``ident``."""
+    run_dir = Path(run_dir)
+    suffix = f"id={digest(ident)}"
+    for other in sorted(run_dir.parent.glob(f"*{suffix}")):
+        if other == run_dir or not other.name.endswith(suffix) or not other.is_dir():
+            continue
+        try:
+            summary = RunFiles(other).read_summary()
+        except RunDirError:
+            continue
+        if summary is not None and summary["status"] == "completed" and summary.get("identity") == ident:
+            return other
+    return None
 
 
 def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> str:
@@ -183,8 +193,16 @@ def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> st
                            "or choose another directory with hydra.run.dir=DIR")
 
 
+def data_sizes(data: Any) -> dict[str, Any]:
+    """What a run trained and was tested on: each split's samples (tokens of a corpus) and the model's input sizes
+    (a corpus's vocabulary size)."""
+    unit = "tokens" if data.task.name == "language_model" else "samples"
+    inputs = {key: list(value) if isinstance(value, tuple) else value for key, value in data.model_inputs().items()}
+    return {f"train_{unit}": len(data.train), f"test_{unit}": len(data.test), **inputs}
+
+
 def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Method, status: str, device: torch.device,
-              diverged: Diverged | None = None) -> dict[str, Any]:
+              diverged: Diverged | None = None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     task = DATASETS[cfg.data.name]
     last = progress.history[-1] if progress.history else {}
     report = method.report(progress.epoch)
@@ -196,7 +214,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "epochs_completed": progress.epoch, "steps": progress.step,
         "stopped_early": None if method.stopped() is None else {"by": cfg.method.name, "rule": method.stopped(),
                                                                 "epoch": progress.epoch},
-        "task": task.name,
+        "task": task.name, "data_sizes": sizes,
         "final": {f"{split}_{figure}": last.get(f"{split}_{figure}") for split in ("train", "test") for figure in task.figures},
         "best_test_acc": max((row["test_acc"] for row in progress.history), default=None),
         **({f"best_{task.score}": task.best([row[task.score] for row in progress.history])}
@@ -210,7 +228,8 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         },
         "hardware": _hardware(cfg, progress, meter),
         **({method.name: report} if report else {}),
-        "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step, "loss": diverged.loss},
+        "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step,
+                                                   "loss": str(diverged.loss)},  # nan or inf: JSON has neither
         "wall_seconds": progress.elapsed,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),
@@ -288,18 +307,27 @@ def _decide(cfg: DictConfig, files: RunFiles, plan: Preflight) -> tuple[dict[str
     files.remove_stale_temps()
     if cfg.force:
         files.clear()
-    summary = files.read_summary()
-    earlier, checkpoint = _earlier_identity(files, summary)
+    try:
+        summary = files.read_summary()
+        earlier, checkpoint = _earlier_identity(files, summary)
+    except RunDirError as err:
+        raise RunDirError(f"{err}: pass force=true to replace it, or choose another directory with hydra.run.dir=DIR") \
+            from None
     mismatch = _foreign(files, earlier, identity(cfg))
     if mismatch:
         raise RunDirError(mismatch)
     if summary is not None and summary["status"] == "completed":
         log.info("%s already holds a finished run (force=true reruns it)", files.dir)
         return summary, None
+    twin = None if summary is not None or checkpoint is not None or cfg.force else finished_twin(files.dir, identity(cfg))
+    if twin is not None:
+        log.info("%s already holds this run, finished (the same identity under another name): it is not trained again",
+                 twin)
+        return RunFiles(twin).read_summary(), None
     if summary is not None and summary["status"] == "diverged":
-        where = summary["diverged"]
-        raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where['loss']} at epoch "
-                            f"{where['epoch']}, step {where['step']}): force=true starts it over")
+        where = summary.get("diverged") if isinstance(summary.get("diverged"), dict) else {}
+        raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where.get('loss', '?')} at epoch "
+                            f"{where.get('epoch', '?')}, step {where.get('step', '?')}): force=true starts it over")
     if checkpoint is not None and checkpoint["device_type"] != plan.device.type:
         raise RunDirError(f"{files.dir} holds a run trained on {checkpoint['device_type']}, and device={cfg.device} "
                           f"is {plan.device.type} here: resume it on {checkpoint['device_type']}, or pass force=true")
@@ -324,6 +352,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     device, method = plan.device, plan.method
     data = load_data(cfg.data)
     inputs = data.model_inputs()
+    sizes = data_sizes(data)
+    log.info("data %s: %s", cfg.data.name, ", ".join(f"{key} {value}" for key, value in sizes.items()))
     model = build_model(cfg.model.name, cfg.model, **inputs).to(device)
     if plan.initial is not None:
         ours = model.state_dict()
@@ -405,9 +435,9 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         trainer.fit(end_epoch)
     except Diverged as err:
         if writer:
-            files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err))
+            files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err, sizes))
         raise
-    summary = summarize(cfg, trainer.progress, meter, method, "completed", device)
+    summary = summarize(cfg, trainer.progress, meter, method, "completed", device, sizes=sizes)
     if writer:
         files.write_summary(summary)
     return summary

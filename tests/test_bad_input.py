@@ -1,11 +1,14 @@
 """Every bad input, driven through the ``qtrain`` command: one line ``qtrain: error: ...``, exit code 2,
 no traceback, nothing trained, and no file or folder created or changed."""
 
+import collections
 import json
+import pickle
 import shutil
 import subprocess
 
 import pytest
+import torch
 
 from .conftest import TINY, run_cli
 from .test_data import _write_mnist
@@ -21,6 +24,19 @@ def _no_epochs(tmp_path):
     run = tmp_path / "empty_run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"status": "completed", "epochs_completed": 0}))
+
+
+def _run_files(folder, summary=None, checkpoint=None):
+    folder.mkdir()
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    if checkpoint is not None:
+        torch.save(checkpoint, folder / "checkpoint.pt")
+
+
+# every key a checkpoint holds but the identity
+_NO_IDENTITY = {key: {} for key in ("device_type", "model", "optimizer", "scheduler", "method", "step_schedule", "meter",
+                                    "progress", "precision_log", "rng")}
 
 
 def _a_file(tmp_path):
@@ -45,6 +61,13 @@ CASES = {
     "float for an integer": (["train.epochs=2.5"], None, "train.epochs=2.5 is not allowed: it must be an integer"),
     "sweep without -m": (["seed=0,1"], None, "seed=0,1 is a sweep: add -m (--multirun) to run one job per value"),
     "unknown choice": (["optim=lbfgs"], None, "unknown optim 'lbfgs' (choose from: adam, sgd)"),
+    "a path with a space, unquoted": (["data=mnist", "data.root={tmp}/my", "data"], None,
+                                      "cannot read the override 'data': missing EQUAL at '<EOF>' (a value with spaces "
+                                      "must be quoted: data.root=\"... data\")"),
+    "another config name": (["-cn", "mine"], None, "-cn/--config-name mine is not allowed: qtrain composes its own "
+                                                   "config tree (set keys on the command line, or choose experiment=NAME)"),
+    "another config dir": (["-cd", "{tmp}"], None, "-cd/--config-dir {tmp} is not allowed: qtrain composes its own "
+                                                   "config tree (set keys on the command line, or choose experiment=NAME)"),
     # the composed config, checked before the run directory is made and before any data is loaded
     "nan learning rate": (["optim.lr=nan"], None, "optim.lr=nan is not allowed: it must be a finite number > 0"),
     "infinite learning rate": (["optim.lr=inf"], None, "optim.lr=inf is not allowed: it must be a finite number > 0"),
@@ -58,13 +81,13 @@ CASES = {
                                              "cifar10 files"),
     "unknown text level": (["data=text", "data.level=byte"], None,
                            "data.level='byte' is not allowed (choose from: word, char)"),
-    "sample without a test size": (["data.sample={train: 10}"], None,
-                                   "data.sample={'train': 10} is not allowed: {train: N, test: M} with integers >= 1, "
-                                   "or null"),
     "fold past the last": (["data.fold=10"], None,
                            "data.fold=10 is not allowed: an integer from 0 to data.folds - 1 = 9, or null (the whole "
                            "training split)"),
     "one fold": (["data.folds=1"], None, "data.folds=1 is not allowed: it must be an integer >= 2"),
+    "sample of a split that is not there": (["data.sample={train: 10, valid: 5}"], None,
+                                            "data.sample={'train': 10, 'valid': 5} is not allowed: {train: N, test: M} "
+                                            "with integers >= 1 (a split left out is taken whole), or null"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,
@@ -79,6 +102,35 @@ CASES = {
     "init from a run of no epochs": (["train.init_from={tmp}/empty_run"], _no_epochs,
                                      "train.init_from={tmp}/empty_run is not allowed: its run has no checkpoint to "
                                      "start from"),
+    "init from a checkpoint that is a tensor": (
+        ["train.init_from={tmp}/pre"], lambda t: _run_files(t / "pre", {"status": "completed"}, torch.zeros(3)),
+        "train.init_from={tmp}/pre is not allowed: {tmp}/pre/checkpoint.pt is not a qtrain checkpoint (it holds a "
+        "Tensor, not a dict); it was written by an older qtrain or by something else"),
+    "init from a checkpoint without weights": (
+        ["train.init_from={tmp}/pre"],
+        lambda t: _run_files(t / "pre", {"status": "completed"}, {k: v for k, v in _NO_IDENTITY.items() if k != "model"}),
+        "train.init_from={tmp}/pre is not allowed: {tmp}/pre/checkpoint.pt is not a qtrain checkpoint (it lacks "
+        "identity, model); it was written by an older qtrain or by something else"),
+    "init from a run whose summary is a list": (
+        ["train.init_from={tmp}/pre"], lambda t: _run_files(t / "pre", ["completed"]),
+        "train.init_from={tmp}/pre is not allowed: {tmp}/pre/summary.json is not a qtrain summary (it holds a JSON "
+        "list, not an object)"),
+    "resume a run whose summary is a list": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", []),
+        "{tmp}/run/summary.json is not a qtrain summary (it holds a JSON list, not an object): pass force=true to "
+        "replace it, or choose another directory with hydra.run.dir=DIR"),
+    "resume a run whose summary has no status": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", {"method": "float32"}),
+        "{tmp}/run/summary.json is not a qtrain summary (its status is '(absent)', not one of completed, diverged, "
+        "failed): pass force=true to replace it, or choose another directory with hydra.run.dir=DIR"),
+    "resume a run whose summary names no config": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", {"status": "completed"}),
+        "{tmp}/run/summary.json is not a qtrain summary (it names no config): pass force=true to replace it, or "
+        "choose another directory with hydra.run.dir=DIR"),
+    "resume a checkpoint without identity": (
+        ["hydra.run.dir={tmp}/run"], lambda t: _run_files(t / "run", checkpoint=_NO_IDENTITY),
+        "{tmp}/run/checkpoint.pt is not a qtrain checkpoint (it lacks identity); it was written by an older qtrain or "
+        "by something else: pass force=true to replace it, or choose another directory with hydra.run.dir=DIR"),
     "run directory under a file": (["hydra.run.dir={tmp}/a_file/run"], _a_file,
                                    "cannot create the run directory {tmp}/a_file/run: {tmp}/a_file is not a directory"),
     # found while loading the data: the run directory made for it is removed again
@@ -121,3 +173,53 @@ def test_unwritable_run_directory_is_one_line(tmp_path, immutable, where):
     assert result.stderr.splitlines() == [
         f"qtrain: error: cannot write to the run directory {tmp_path / where}: Operation not permitted in {immutable}"]
     assert _tree(tmp_path) == before
+
+
+def test_raw_pickle_checkpoint_is_refused_without_torch_warning(tmp_path):
+    _run_files(tmp_path / "pre", {"status": "completed"})
+    checkpoint = tmp_path / "pre" / "checkpoint.pt"
+    checkpoint.write_bytes(pickle.dumps({"model": collections.Counter()}, protocol=4))  # a global weights_only refuses
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        result = run_cli(*TINY, f"train.init_from={tmp_path / 'pre'}", cwd=work)
+    finally:
+        checkpoint.unlink()  # the fixture that loads every checkpoint with weights_only=True would refuse it too
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"qtrain: error: train.init_from={tmp_path / 'pre'} is not allowed: {checkpoint} cannot be read as a qtrain "
+        "checkpoint of plain tensors (UnpicklingError); it was written by an older qtrain or by something else"]
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT"])
+def test_world_size_without_torchrun_rendezvous_is_one_line(tmp_path, monkeypatch, missing):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv(missing)
+    result = run_cli(*TINY, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"qtrain: error: WORLD_SIZE=2 is set but {missing} is not: start several "
+                                          "processes with torchrun --nproc-per-node=N -m qtrain.cli ..."]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["immutable", "immutable/sweep"])
+def test_unwritable_sweep_directory_is_one_line(tmp_path, immutable, where):
+    before = _tree(tmp_path)
+    result = run_cli("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={tmp_path / where}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"qtrain: error: cannot write to the sweep directory {tmp_path / where}: Operation not permitted in {immutable}"]
+    assert _tree(tmp_path) == before
+
+
+def test_sweep_directory_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    result = run_cli("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={tmp_path / 'a_file' / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"qtrain: error: cannot create the sweep directory {tmp_path / 'a_file' / 'sweep'}: "
+                                          f"{tmp_path / 'a_file'} is not a directory"]

@@ -14,6 +14,8 @@ def test_help_lists_the_config_groups(tmp_path):
               "data: cifar10", "experiment: adapt_alexnet_cifar10, adapt_alexnet_cifar100, adapt_cifar")
     for group in groups:
         assert group in result.stdout
+    assert "scale: mini, paper, smoke" in result.stdout and "scale/" not in result.stdout  # the scales' own files
+    assert "qtrain-report DIR" in result.stdout
 
 
 def test_unknown_choice_is_one_line_and_nonzero(tmp_path):
@@ -160,3 +162,33 @@ def test_no_progress_bars_when_not_on_a_terminal(tmp_path):
     result = run_cli(*[a for a in TINY if a != "progress=false"], "train.epochs=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr + result.stdout and "it/s" not in result.stderr
+
+
+def test_an_identity_finished_under_another_name_is_not_trained_again(tmp_path):
+    args = ["-m", "method=float32", *TINY, "train.epochs=1"]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    [summary] = (tmp_path / "multirun").rglob("summary.json")
+    stamp = summary.stat().st_mtime_ns
+    again = run_cli(*args, "seed=0", cwd=tmp_path)  # the default seed spelt out: the same identity, another name
+    assert again.returncode == 0, again.stderr
+    assert "already holds this run, finished" in again.stdout and "epoch 1/1" not in again.stdout
+    assert [p.name for p in summary.parents[1].iterdir()] == [summary.parent.name]  # no second directory left
+    assert summary.stat().st_mtime_ns == stamp
+    beside = summary.parent.with_name(f"single,{summary.parent.name.rpartition(',')[2]}")
+    single = run_cli(*TINY, "method=float32", "train.epochs=1", f"hydra.run.dir='{beside}'", cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    assert f"results: {summary.parent}" in single.stdout and not beside.exists()
+
+
+def test_a_run_directory_name_keeps_whole_overrides():
+    from omegaconf import OmegaConf
+
+    from qtrain.config import NAME_LENGTH, run_dir_name
+
+    items = [f"method.key{i}={'x' * 20}" for i in range(8)]
+    name = run_dir_name(",".join(items), _root_=OmegaConf.create({"seed": 0}))
+    kept, _, run_id = name.rpartition(",")
+    assert run_id.startswith("id=") and kept.split(",") == items[:len(kept.split(","))]
+    assert len(kept) <= NAME_LENGTH < len(kept) + 1 + len(items[0])  # as many whole items as fit
+    assert run_dir_name("x" * 200, _root_=OmegaConf.create({"seed": 0})).startswith("id=")

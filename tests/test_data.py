@@ -1,11 +1,14 @@
 """Dataset loaders on tiny files written in the real layouts, and the batch stream's augmentation."""
 
+import collections
 import logging
+import os
 import pickle
 import shutil
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from qtrain.data.base import Periods
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import DataError
 
-from .conftest import SHARED_DATA, make_config
+from .conftest import SHARED_DATA, TINY, make_config, run_cli
 
 
 def _write_cifar(root, num_classes=10, per_file=6):
@@ -53,6 +56,57 @@ def test_cifar_missing_and_corrupt_files_name_the_path(tmp_path):
     (folder / "data_batch_3").write_bytes(b"not a pickle")
     with pytest.raises(DataError, match=r"corrupt CIFAR-10 file .*data_batch_3"):
         load_cifar(tmp_path, 10)
+
+
+class _Exploit:
+    """An object whose unpickling runs a shell command (what a tampered data file could hold)."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_cifar_batch_that_would_run_code_is_refused_in_one_line(tmp_path, protocol):
+    folder = _write_cifar(tmp_path / "data")
+    created = tmp_path / "pwned"
+    batch = {b"data": np.zeros((6, 3072), np.uint8), b"labels": [0] * 6, b"batch_label": _Exploit(f"touch {created}")}
+    (folder / "data_batch_2").write_bytes(pickle.dumps(batch, protocol=protocol))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_cli(*TINY, "data=cifar10", f"data.root={tmp_path / 'data'}", cwd=work)
+    assert not created.exists()
+    assert result.returncode == 2, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "differs from the official release" not in line]
+    assert line.startswith(f"qtrain: error: corrupt CIFAR-10 file {folder / 'data_batch_2'}: ")
+    assert f"{os.system.__module__}.system" in line and "refused" in line
+    assert list(work.iterdir()) == []  # the run directory made for the run is gone
+
+
+def test_cifar_loader_builds_what_numpy_pickles_and_nothing_else(tmp_path):
+    folder = _write_cifar(tmp_path)
+    rows = np.arange(6 * 3072, dtype=np.uint8).reshape(6, 3072)
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # every protocol names numpy's reconstructors differently
+        batch = {b"data": rows, b"labels": [np.int64(3)] * 6, b"batch_label": b"x", b"mean": np.float32(0.5)}
+        (folder / "data_batch_1").write_bytes(pickle.dumps(batch, protocol=protocol))
+        data = load_cifar(tmp_path, 10)
+        assert torch.equal(data.train.images[:6].flatten(1), torch.from_numpy(rows)), protocol
+        assert data.train.labels[:6].tolist() == [3] * 6
+    for refused in (collections.OrderedDict(a=1), Path("x"), np.random.default_rng(0)):
+        (folder / "data_batch_1").write_bytes(pickle.dumps({b"data": rows, b"labels": [0] * 6, b"x": refused}))
+        with pytest.raises(DataError, match="refused"):
+            load_cifar(tmp_path, 10)
+
+
+def test_checksum_warning_once_per_file_per_process(tmp_path, caplog):
+    _write_cifar(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        load_cifar(tmp_path, 10)
+        first = caplog.text.count("differs from the official release")
+        load_cifar(tmp_path, 10)
+    assert first == 6 and caplog.text.count("differs from the official release") == 6
 
 
 def _write_idx(path, array):
@@ -255,3 +309,9 @@ def test_periods_lay_the_passes_end_to_end_and_cut_them_into_epochs():
             expected_x, expected_y = passes[4 * epoch + i]
             assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
             assert periods.global_size(i) == sizes[4 * epoch + i] == len(y)
+
+
+def test_a_sample_of_one_split_leaves_the_other_whole():
+    full = load_data(make_config("data=digits").data)
+    train_only = load_data(make_config("data=digits", "data.sample={train: 50}").data)
+    assert len(train_only.train) == 50 and torch.equal(train_only.test.images, full.test.images)

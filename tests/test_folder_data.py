@@ -13,7 +13,7 @@ from qtrain.data.folder import load_folder
 from qtrain.errors import ConfigError, DataError
 from qtrain.run import run
 
-from .conftest import make_config
+from .conftest import make_config, run_cli
 
 CLASSES = ["dog", "ant", "cat"]  # written unsorted: the labels follow the sorted names ant, cat, dog
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -217,3 +217,15 @@ def test_resnet18_trains_an_epoch_on_an_image_folder(tree, tmp_path):
     assert summary["status"] == "completed" and summary["epochs_completed"] == 1
     assert summary["data"] == "imagefolder" and summary["identity"]["data"]["root"] == str(tree)
     assert 0 <= summary["final"]["test_acc"] <= 1 and (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_run_that_meets_an_unreadable_image_leaves_nothing_behind(tree, tmp_path):
+    (tree / "val" / "dog" / "dog0.png").write_bytes(b"not a png")  # read only when the first epoch is evaluated
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_cli("data=imagefolder", f"data.root={tree}", f"data.image_size={SIZE}", "data.workers=0",
+                     "progress=false", "fused=false", "model=resnet18", "train.epochs=1", "train.batch_size=4", cwd=work)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"qtrain: error: unreadable image {tree / 'val' / 'dog' / 'dog0.png'}: cannot identify")
+    assert list(work.iterdir()) == []  # the run directory, its .hydra/ included, is gone

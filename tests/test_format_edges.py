@@ -77,3 +77,64 @@ def test_infinities(name, mode):
     out = FORMATS[name][0](x, mode)
     assert (out[0, 1].item(), out[1, 0].item()) == pytest.approx(FORMATS[name][1], rel=1e-6)
     assert torch.isfinite(out[torch.isfinite(x)]).all()
+
+
+def _exact_scale(hi: float, lo: float, wl: int) -> int:
+    """MuPPET's s in exact rational arithmetic: the largest s with hi·2^s <= UB + 1/2 and lo·2^s >= LB - 1/2."""
+    from fractions import Fraction
+
+    bounds = [(Fraction(hi), Fraction(2 ** (wl - 1)) - Fraction(1, 2))] if hi > 0 else []
+    bounds += [(-Fraction(lo), Fraction(2 ** (wl - 1)) + Fraction(1, 2))] if lo < 0 else []
+    s = 200
+    while any(value * Fraction(2) ** s > limit for value, limit in bounds):
+        s -= 1
+    return s
+
+
+@pytest.mark.parametrize("wl", [2, 4, 8, 12, 16, 24])
+def test_dynamic_scale_is_exact_on_the_boundary_maxima(wl):
+    f32 = torch.float32
+    for k in range(-100, 101):
+        for side, limit in ((1.0, 2.0 ** (wl - 1) - 0.5), (-1.0, 2.0 ** (wl - 1) + 0.5)):
+            edge = torch.tensor(side * limit * 2.0**-k, dtype=f32)  # exact in float32: wl + 1 significant bits
+            for value in (edge, torch.nextafter(edge, torch.tensor(side * INF, dtype=f32)),
+                          torch.nextafter(edge, torch.tensor(0.0, dtype=f32))):
+                x = torch.stack([value, torch.tensor(0.25 * side)])
+                hi, lo = x.max().item(), x.min().item()
+                assert formats.dynamic_fixed_point_fl(x, wl).item() == _exact_scale(hi, lo, wl), (wl, k, value.item())
+
+
+def test_dynamic_scale_reproducers():
+    assert formats.dynamic_fixed_point_fl(torch.tensor([32767.501953125]), 16).item() == -1  # one ulp above 32767.5
+    out, s = formats.dynamic_fixed_point(torch.tensor([torch.finfo(torch.float32).max]), 24, "nearest")
+    assert s.item() == -105 and torch.isfinite(out).all()
+    assert out.item() == (2**23 - 1) * 2.0**105  # the top code of <24, -105>
+    gen = torch.Generator().manual_seed(0)
+    for wl in (3, 8, 16, 24):
+        for _ in range(200):
+            x = torch.randn(5, generator=gen) * 2.0 ** torch.randint(-60, 60, (1,), generator=gen).item()
+            assert formats.dynamic_fixed_point_fl(x, wl).item() == _exact_scale(x.max().item(), x.min().item(), wl)
+
+
+@pytest.mark.parametrize("quantizer", ["fixed", "dynamic"])
+def test_compact_codes_keep_nan(quantizer):
+    from qtrain.quant.quantizers import DynamicFixedPoint, FixedPoint
+
+    q = FixedPoint(8, 4, "nearest") if quantizer == "fixed" else DynamicFixedPoint(8, "nearest")
+    q.train()
+    out, saved = q.compact(torch.tensor([1.0, 0.5]))
+    assert saved[0].dtype == torch.int8 and q.expand(saved, out.shape).tolist() == [1.0, 0.5]  # codes where they can
+    out, saved = q.compact(torch.tensor([1.0, NAN]))
+    back = q.expand(saved, out.shape)
+    assert back[0].item() == 1.0 and math.isnan(back[1].item())
+
+
+def test_range_linear_span_beyond_float32():
+    x = torch.tensor([-2e38, 2e38, 3e36])
+    out, lo, hi = formats.range_linear_from_data(x, 8, "tensor")
+    assert torch.isfinite(out).all() and out[0].item() == lo.item() == x[0].item() and out[1].item() == x[1].item()
+    step = (2e38 - -2e38) / 255  # float64: the grid's step
+    code = round((x[2].item() - x[0].item()) / step)  # 129.4: no tie
+    assert out[2].item() == pytest.approx(x[0].item() + code * step, abs=2.0**105)  # float32 rounding at 2^127
+    _, _, _, compact = formats.range_linear_codes(x, 8, "tensor")
+    assert torch.equal(formats.decode_codes(compact, x.shape), out)  # the codes backward keeps give it back

@@ -22,7 +22,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from qtrain.cli import conf_dir
-from qtrain.report.cli import latex, report
+from qtrain.report.cli import latex, main, report
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
 from qtrain.report.plots import _average_bits, write_plots
 from qtrain.report.runs import ReportError, find_runs
@@ -537,3 +537,104 @@ def test_an_option_has_one_colour_in_every_allocation_plot():
     colours = [share_colour(option) for option in sorted(set(resnet + mobilenet))]
     assert len(set(colours)) == len(colours)  # no two configured options alike
     assert share_colour("skipped") == (0.85, 0.85, 0.85, 1.0) and share_colour("4 bits") != share_colour("2 bits")
+
+
+def _damage(tmp_path, how):
+    run = fake_run(tmp_path, "damaged", "sbm", [0.5], [1e9], seed=1)
+    if how == "summary a list":
+        (run / "summary.json").write_text("[]")
+    elif how == "summary without status":
+        (run / "summary.json").write_text(json.dumps({"method": "sbm"}))
+    elif how == "metrics not UTF-8":
+        (run / "metrics.csv").write_bytes(b"epoch,test_acc\n1,\xff\xfe\n")
+    else:
+        (run / "metrics.csv").write_text("epoch,test_acc\n1,0.5\n2,0.6,7\n")
+    return run
+
+
+@pytest.mark.parametrize("how,why", [
+    ("summary a list", "summary.json: it holds a JSON list, not an object"),
+    ("summary without status", "summary.json: its status is '(absent)', not one of completed, diverged, failed"),
+    ("metrics not UTF-8", "metrics.csv: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+    ("metrics with extra fields", "metrics.csv: ParserError: Error tokenizing data. C error: Expected 2 fields in "
+                                  "line 3, saw 3"),
+])
+def test_a_damaged_run_is_a_row_and_the_report_goes_on(tmp_path, capsys, how, why):
+    fake_run(tmp_path, "good", "sbm", [0.5, 0.7], [1e9, 2e9])
+    _damage(tmp_path, how)
+    main([str(tmp_path), "--plots", str(tmp_path / "plots")])
+    frame = run_frame(find_runs([tmp_path])).set_index("dir")
+    assert frame.loc[str(tmp_path / "good"), "status"] == "completed"
+    assert frame.loc[str(tmp_path / "good"), "test_acc"] == pytest.approx(70.0)
+    status = frame.loc[str(tmp_path / "damaged"), "status"]
+    assert status.startswith(f"damaged: {why}") and "\n" not in status
+    assert "Runs (2)" in capsys.readouterr().out
+
+
+@pytest.fixture
+def immutable_dir(tmp_path):
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here")
+    yield folder
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("option,where,message", [
+    ("--csv", "a_file/t.csv", "cannot create the --csv folder {tmp}/a_file: {tmp}/a_file is not a directory"),
+    ("--latex", "a_file/deeper/t.tex", "cannot create the --latex folder {tmp}/a_file/deeper: {tmp}/a_file is not a "
+                                       "directory"),
+    ("--csv", "a_dir", "--csv {tmp}/a_dir is not allowed: it is a directory (give a file name)"),
+    ("--plots", "a_file", "--plots {tmp}/a_file is not allowed: it is a file (give a folder)"),
+    ("--plots", "a_file/plots", "cannot create the --plots folder {tmp}/a_file/plots: {tmp}/a_file is not a directory"),
+    ("--csv", "immutable/t.csv", "cannot write to the --csv folder {tmp}/immutable: Operation not permitted in "
+                                 "{tmp}/immutable"),
+    ("--plots", "immutable/plots", "cannot write to the --plots folder {tmp}/immutable/plots: Operation not permitted "
+                                   "in {tmp}/immutable"),
+])
+def test_an_unwritable_output_is_one_line_before_anything_is_written(tmp_path, capsys, request, option, where, message):
+    if where.startswith("immutable"):
+        request.getfixturevalue("immutable_dir")
+    fake_run(tmp_path, "runs/a", "sbm", [0.5], [1e9])
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "a_dir").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "runs"), "--csv", str(tmp_path / "ok.csv"), option, str(tmp_path / where)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"qtrain-report: error: {message.replace('{tmp}', str(tmp_path))}"]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_outputs_go_into_folders_made_for_them(tmp_path):
+    fake_run(tmp_path, "runs/a", "sbm", [0.5], [1e9])
+    report([str(tmp_path / "runs"), "--csv", str(tmp_path / "new" / "t.csv"), "--latex", str(tmp_path / "x" / "t.tex")])
+    assert pd.read_csv(tmp_path / "new" / "t.csv").runs.tolist() == [1]
+    assert "\\begin{tabular}" in (tmp_path / "x" / "t.tex").read_text()
+
+
+def test_a_baseline_that_matches_no_run_is_refused(tmp_path):
+    fake_run(tmp_path, "a", "sbm", [0.5], [1e9])
+    fake_run(tmp_path, "b", "float32", [0.5], [1e9])
+    with pytest.raises(ReportError, match=r"--baseline method=nonexistent matches no run \(its runs have method: "
+                                          r"float32, sbm\)"):
+        report([str(tmp_path), "--baseline", "method=nonexistent"])
+
+
+def test_one_identity_in_two_directories_is_counted_once(tmp_path):
+    # a sweep without seed= and one with seed=0 name the same run twice; the report must not average it with itself
+    fake_run(tmp_path, "method=sbm,id=d01d7eb4", "sbm", [0.5], [1e9], summary_extra={"run_id": "d01d7eb4"})
+    fake_run(tmp_path, "method=sbm,seed=0,id=d01d7eb4", "sbm", [0.5], [1e9], summary_extra={"run_id": "d01d7eb4"})
+    fake_run(tmp_path, "method=sbm,seed=1,id=0badcafe", "sbm", [0.7], [1e9], seed=1,
+             summary_extra={"run_id": "0badcafe"})
+    text = report([str(tmp_path), "--csv", str(tmp_path / "t.csv")])
+    row = pd.read_csv(tmp_path / "t.csv").iloc[0]
+    assert row.runs == 2 and row.test_acc_mean == pytest.approx(60.0)
+    assert row.test_acc_std == pytest.approx(statistics.stdev([50.0, 70.0]))
+    assert "1 more directory holds a run counted once above" in text
+
+
+def test_report_help_does_not_load_torch():
+    code = "import sys, qtrain.report.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -2,17 +2,19 @@
 run identity, the run directory's lock and checkpoints that load as plain tensors."""
 
 import json
+import math
 import os
 import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from qtrain.config import digest, identity
+from qtrain.config import digest, first_difference, identity
 from qtrain.errors import ConfigError, DivergedError, RunDirError
 from qtrain.run import run
 from qtrain.train import Trainer
@@ -113,6 +115,10 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
     assert whole.get(whole["method"]) == resumed.get(resumed["method"])
 
 
+def _not_json(constant):
+    raise ValueError(f"{constant} is not JSON (a strict parser refuses it)")
+
+
 def test_nan_loss_stops_with_a_clear_error_and_keeps_earlier_results(tmp_path, monkeypatch):
     original = Trainer.train_epoch
 
@@ -125,8 +131,9 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_earlier_results(tmp_path, m
     monkeypatch.setattr(Trainer, "train_epoch", poisoned)
     with pytest.raises(DivergedError, match=r"loss became nan at epoch 2, step 4"):
         run(make_config(*TINY), tmp_path)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / "summary.json").read_text(), parse_constant=_not_json)
     assert summary["status"] == "diverged" and summary["diverged"]["epoch"] == 2 and summary["diverged"]["step"] == 4
+    assert summary["diverged"]["loss"] == "nan"  # a string: NaN is not JSON
     assert len(pd.read_csv(tmp_path / "metrics.csv")) == 1
     # rerunning reports the divergence again instead of passing for a finished run; force=true starts over
     monkeypatch.setattr(Trainer, "train_epoch", original)
@@ -267,7 +274,7 @@ def test_init_from_needs_a_finished_run_with_a_safe_checkpoint(tmp_path, monkeyp
     with pytest.raises(ConfigError, match="its run has no checkpoint"):  # e.g. a run of zero epochs
         run(make_config(*TINY, f"train.init_from={foreign}"), tmp_path / "x")
     torch.save({"model": _RunsCode()}, foreign / "checkpoint.pt")
-    with pytest.raises(RunDirError, match="cannot be read as a qtrain checkpoint of plain tensors"):
+    with pytest.raises(ConfigError, match="cannot be read as a qtrain checkpoint of plain tensors"):
         run(make_config(*TINY, f"train.init_from={foreign}"), tmp_path / "x")
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "x").exists()
     (foreign / "checkpoint.pt").unlink()  # not a qtrain checkpoint: keep the suite's check of all checkpoints green
@@ -293,3 +300,38 @@ def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
     pd.testing.assert_frame_equal(_metrics(tmp_path / "fused"), _metrics(tmp_path / "eager"), check_exact=True)
     fused, eager = (torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"] for name in ("fused", "eager"))
     assert fused.keys() == eager.keys() and all(torch.equal(fused[k], eager[k]) for k in fused)
+
+
+def test_every_json_file_parses_strictly(tmp_path):
+    from qtrain.results import strict_json
+
+    strict = {"a": math.nan, "b": [math.inf, -math.inf, 1.5], "c": {"d": math.nan}, "e": (1, math.nan)}
+    assert json.loads(strict_json(strict), parse_constant=_not_json) == {"a": None, "b": [None, None, 1.5],
+                                                                         "c": {"d": None}, "e": [1, None]}
+    for path in Path(__file__).resolve().parents[1].joinpath("results").rglob("*.json"):  # committed results too
+        json.loads(path.read_text(), parse_constant=_not_json)
+
+
+def test_the_python_release_is_part_of_a_text_run_identity(monkeypatch):
+    import platform
+
+    ident = identity(make_config(*TINY_TEXT))
+    assert ident["data"]["python"] == platform.python_version()  # its corpus is this release's pydoc topics
+    monkeypatch.setattr(platform, "python_version", lambda: "3.99.0")
+    assert first_difference(ident, identity(make_config(*TINY_TEXT))) == f"data.python {ident['data']['python']!r} → '3.99.0'"
+    assert "python" not in identity(make_config(*TINY))["data"]  # an image run's identity is as it was
+
+
+def test_summary_and_log_name_the_data_sizes(tmp_path, caplog):
+    from qtrain.data import load_data
+
+    caplog.set_level("INFO", logger="qtrain")
+    cfg = make_config(*TINY_TEXT, "train.epochs=1")
+    sizes = run(cfg, tmp_path / "text")["data_sizes"]
+    vocab = len(load_data(cfg.data).vocab)
+    assert sizes == {"train_tokens": 3000, "test_tokens": 600, "vocab_size": vocab}  # data.sample's counts
+    assert f"data text: train_tokens 3000, test_tokens 600, vocab_size {vocab}" in caplog.text
+    run(make_config(*TINY, "train.epochs=1"), tmp_path / "image")
+    image = json.loads((tmp_path / "image" / "summary.json").read_text())["data_sizes"]
+    assert image == {"train_samples": 256, "test_samples": 64, "in_channels": 3, "num_classes": 4,
+                     "input_size": [8, 8]}

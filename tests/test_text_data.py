@@ -69,6 +69,9 @@ def test_sample_keeps_the_first_tokens_and_the_whole_vocabulary(tmp_path):
     data = load_data(make_config("data=corpus", f"data.root={tmp_path}", "data.sample={train: 3, test: 2}").data)
     assert (data.train.tolist(), data.test.tolist(), data.valid.tolist()) == ([2, 3, 4], [2, 0], [0, 3, 1])
     assert len(data.vocab) == 6
+    whole = load_data(make_config("data=corpus", f"data.root={tmp_path}").data)
+    test_only = load_data(make_config("data=corpus", f"data.root={tmp_path}", "data.sample={test: 2}").data)
+    assert test_only.train.tolist() == whole.train.tolist() and test_only.test.tolist() == [2, 0]  # train left whole
 
 
 def test_batches_are_rows_of_running_text_with_targets_shifted_by_one():

@@ -90,11 +90,13 @@ def _class_range(split: SplitT, lo: int, hi: int) -> SplitT:
 
 
 def take_sample(data: DataT, sample: DictConfig | None) -> DataT:
-    """``data`` itself, or the class-balanced sample of ``sample.train`` and ``sample.test`` images of its splits."""
+    """``data`` itself, or the class-balanced sample of ``sample.train`` and ``sample.test`` images of its splits
+    (a split ``sample`` leaves out stays whole)."""
     if sample is None:
         return data
-    return replace(data, train=data.train.take(balanced(data.train.labels, sample.train, data.num_classes)),
-                   test=data.test.take(balanced(data.test.labels, sample.test, data.num_classes)))
+    splits = {name: getattr(data, name) for name in ("train", "test")}
+    return replace(data, **{name: split.take(balanced(split.labels, sample[name], data.num_classes))
+                            for name, split in splits.items() if name in sample})
 
 
 def take_subset(data: DataT, subset: DictConfig | None) -> DataT:

@@ -13,8 +13,9 @@ The vocabulary is the training split's alone: ``<unk>`` (id 0) and ``<eos>`` (id
 seen at least ``min_count`` times, in the order of first appearance. Every other token maps to ``<unk>``: rarer
 training words, valid and test words the training split lacks, and WikiText's own ``<unk>`` tokens.
 
-``data.sample: {train: N, test: M}`` keeps the first N training and the first M test tokens; the vocabulary (the
-model's outputs) stays that of the whole training split, as a sample of images keeps every class.
+``data.sample: {train: N, test: M}`` keeps the first N training and the first M test tokens (a split left out
+stays whole); the vocabulary (the model's outputs) stays that of the whole training split, as a sample of
+images keeps every class.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def read_corpus(root: str | Path, name: str, level: str = "word", min_count: int
 
 
 def first_tokens(data: TextData, sample: DictConfig | None) -> TextData:
-    """``data`` itself, or its first ``sample.train`` training and ``sample.test`` test tokens."""
+    """``data`` itself, or its first ``sample.train`` training and ``sample.test`` test tokens (a split ``sample``
+    leaves out stays whole)."""
     if sample is None:
         return data
-    return replace(data, train=data.train[:sample.train], test=data.test[:sample.test])
+    return replace(data, **{name: getattr(data, name)[:sample[name]] for name in ("train", "test") if name in sample})

@@ -1,12 +1,18 @@
 """Image datasets: embedded digits, synthetic, CIFAR-10/100 (python pickle layout), MNIST (idx files).
 
 Files are read in the layouts torchvision downloads. A file whose MD5 differs from the official
-archive's loads with a warning (a re-encoded or patched copy); a missing or unreadable file is a
-:class:`~qtrain.errors.DataError` naming the path. Nothing here downloads.
+archive's loads with a warning, once per file in a process (a re-encoded or patched copy); a missing
+or unreadable file is a :class:`~qtrain.errors.DataError` naming the path. Nothing here downloads.
+
+CIFAR's batches are Python pickles, and unpickling can call any importable function. They are read
+by :class:`_CifarUnpickler`, which builds only what the format holds (dicts, lists, strings, bytes,
+numbers, numpy arrays, scalars and dtypes) and refuses any other object before it is made, so a
+tampered file cannot run code.
 """
 
 from __future__ import annotations
 
+import codecs
 import logging
 import pickle
 from pathlib import Path
@@ -38,10 +44,16 @@ def _existing(path: Path, what: str) -> Path:
     return path
 
 
+_warned: set[Path] = set()  # files whose checksum warning this process gave already (a sweep loads them per job)
+
+
 def _check_md5(path: Path, md5: str, what: str) -> None:
     from torchvision.datasets.utils import check_integrity  # torchvision takes seconds to import: only with real data
 
+    if path.resolve() in _warned:
+        return
     if not check_integrity(str(path), md5):
+        _warned.add(path.resolve())
         log.warning("%s file %s differs from the official release (MD5 %s expected); loading it anyway", what, path, md5)
 
 
@@ -75,10 +87,36 @@ def make_synthetic_data(n_train: int, n_test: int, num_classes: int, channels: i
     return ImageData("synthetic", train, split(n_test), num_classes, mean, std)
 
 
+def _cifar_globals() -> dict[tuple[str, str], object]:
+    """The callables a CIFAR pickle may name, under the module names numpy 1 and 2 (and Python 2) write."""
+    from numpy._core import multiarray, numeric
+
+    allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                                              ("_codecs", "encode"): codecs.encode}
+    for core in ("numpy.core", "numpy._core"):
+        allowed[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{core}.multiarray", "scalar")] = multiarray.scalar
+        allowed[(f"{core}.numeric", "_frombuffer")] = numeric._frombuffer
+    return allowed
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that makes only the objects CIFAR's batches hold; any other is refused before it is made."""
+
+    allowed = _cifar_globals()
+
+    def find_class(self, module: str, name: str) -> object:
+        try:
+            return self.allowed[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR batch does not hold "
+                                         "(refused: unpickling it could run code)") from None
+
+
 def _read_cifar_batch(path: Path, label_key: bytes, what: str) -> ImageSplit:
     try:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="bytes")
+            entry = _CifarUnpickler(f, encoding="bytes").load()
         rows = np.asarray(entry[b"data"], dtype=np.uint8)
         labels = np.asarray(entry[label_key], dtype=np.int64)
         images = rows.reshape(len(rows), 3, 32, 32)

@@ -140,16 +140,26 @@ def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:
     ``LB = -2^(wl-1)``, over the finite values of ``x``: the largest power-of-two scale at which the
     tensor's extremes still round inside the ``wl``-bit range. A term whose extreme has the wrong sign
     (no positive or no negative values) does not bound it; a tensor of zeros gets ``s = 0``. ``s`` is
-    kept in [-126, 126] so that ``2^s`` is a normal float32. The floor is exact: it is read from
-    the exponent bits of the (rounded) quotient.
+    kept in [-126, 126] so that ``2^s`` is a normal float32. ``s`` is exact: no quotient is rounded
+    (:func:`_largest_scale` compares mantissas and subtracts exponents).
     """
     lo, hi = _finite_bounds(x.detach().reshape(1, -1))
     half_range = 2.0 ** (wl - 1)
-    upper = torch.where(hi > 0, (half_range - 0.5) / hi, math.inf)
-    lower = torch.where(lo < 0, (-half_range - 0.5) / lo, math.inf)
-    bound = torch.minimum(upper, lower).reshape(())
-    fl = torch.where(bound < math.inf, torch.frexp(bound).exponent - 1, 126)  # inf: the quotient overflowed
+    upper = torch.where(hi > 0, _largest_scale(hi, half_range - 0.5), 127)
+    lower = torch.where(lo < 0, _largest_scale(-lo, half_range + 0.5), 127)
+    fl = torch.minimum(upper, lower)
     return torch.where((hi > 0) | (lo < 0), fl, 0).reshape(()).clamp(-126, 126).to(torch.int32)
+
+
+def _largest_scale(extreme: torch.Tensor, limit: float) -> torch.Tensor:
+    """The largest integer ``s`` with ``extreme * 2^s <= limit``, exactly, for ``extreme > 0`` and ``limit > 0``.
+
+    With ``extreme = m·2^e`` and ``limit = M·2^E`` (mantissas in [0.5, 1)): ``s = E - e``, less one where
+    ``m > M``. float64 holds ``limit`` (up to 2^52 + 0.5) and any float32 ``extreme`` exactly.
+    """
+    mantissa, exponent = torch.frexp(extreme.double())
+    limit_mantissa, limit_exponent = math.frexp(limit)
+    return limit_exponent - exponent - (mantissa > limit_mantissa).to(exponent.dtype)
 
 
 def dynamic_fixed_point(x: torch.Tensor, wl: int, rounding: Rounding = "stochastic") -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,13 +229,21 @@ def _range_codes(
 
     ``t = (x - lo) * (levels / (hi - lo))`` subtracts before it scales, so values far from zero keep
     their codes. A constant row (``hi == lo``) has step 0 and every code 0; a span below 2^-64 is
-    scaled up by 2^64 (exactly) first, so that ``levels / span`` cannot overflow.
+    scaled up by 2^64 (exactly) first, so that ``levels / span`` cannot overflow, and a span above the
+    float32 range is halved (exactly), so that ``hi - lo`` cannot.
     """
-    span = hi - lo
+    shrink = torch.where(torch.isinf(hi - lo), 0.5, 1.0)  # a span beyond float32 is taken in halves (exact)
+    span = hi * shrink - lo * shrink
     boost = torch.where(span < 2.0**-64, 2.0**64, 1.0)
     inv = torch.where(span > 0, levels / (span * boost), 0.0)
-    t = (rows.clamp(lo, hi) - lo) * boost * inv  # in [0, levels * (1 + 2^-23)]
-    return torch.minimum(round_codes(t, key, stochastic=stochastic), levels), span / levels
+    t = (rows.clamp(lo, hi) * shrink - lo * shrink) * boost * inv  # in [0, levels * (1 + 2^-23)]
+    return torch.minimum(round_codes(t, key, stochastic=stochastic), levels), span / levels / shrink
+
+
+def _affine(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """``codes * step + lo``; in halves where that overflows and the grid's value does not (a span near 2^128)."""
+    out = codes * step + lo
+    return torch.where(torch.isinf(out), (codes * (step * 0.5) + lo * 0.5) * 2, out)
 
 
 @fused
@@ -234,7 +252,7 @@ def _range_linear(
     code_dtype: torch.dtype | None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
-    out = codes * step + lo
+    out = _affine(codes, step, lo)
     return out if code_dtype is None else (out, codes.to(code_dtype), step)
 
 
@@ -245,7 +263,7 @@ def _range_linear_from_data(
 ) -> tuple[torch.Tensor, ...]:
     lo, hi = _finite_bounds(rows.reshape(1, -1) if whole else rows)
     codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
-    out = codes * step + lo
+    out = _affine(codes, step, lo)
     if code_dtype is None:
         return out, lo, hi
     return out, lo, hi, codes.to(code_dtype), step
@@ -253,7 +271,7 @@ def _range_linear_from_data(
 
 @fused
 def _decode(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    return codes.to(step.dtype) * step + lo
+    return _affine(codes.to(step.dtype), step, lo)
 
 
 Bits = int | torch.Tensor  # one bit-width, or an (N,) tensor: one per slice of dimension 0 (per sample)

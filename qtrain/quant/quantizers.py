@@ -60,9 +60,10 @@ class Quantizer(nn.Module):
 
 def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...] | None:
     """What backward saves of a tensor on the fixed-point grid <bits, fl>: its integer codes (1 byte up to
-    8 bits, 2 up to 16) and the step ``2^-fl``, which give it back exactly; None where codes save nothing."""
+    8 bits, 2 up to 16) and the step ``2^-fl``, which give it back exactly; None where codes save nothing, or
+    where ``out`` holds NaN (no code for it: the tensor is saved as floats, as DYNASTY's maps do)."""
     dtype = torch.int8 if bits <= 8 else torch.int16 if bits <= 16 else None
-    if dtype is None:
+    if dtype is None or bool(torch.isnan(out).any()):
         return None
     fl = fl.to(device=out.device, dtype=torch.int32)
     return scale_pow2(out, fl).to(dtype), scale_pow2(torch.ones((), device=out.device), -fl)

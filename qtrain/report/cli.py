@@ -10,7 +10,9 @@ against it, beside the same figure computed from the paper's cells; figures that
 the absolute figures as scale-bound context. The cells without a run are listed in two groups: not produced by
 qtrain (and why), and not run yet (with the command that makes them).
 
-Errors are one line, ``qtrain-report: error: ...``, exit code 2, before anything is written.
+Errors are one line, ``qtrain-report: error: ...``, exit code 2, before anything is written: an
+output that cannot be written included. A damaged run is a row of its own (``runs.py``) and each
+run identity is counted once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import html
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -33,8 +36,9 @@ from qtrain.report.paper import (
     table_baseline,
     views,
 )
-from qtrain.report.runs import ReportError, find_runs
+from qtrain.report.runs import ReportError, find_runs, one_per_identity
 from qtrain.report.tables import AGGREGATES, CONFIG_COLUMNS, display_frame, run_frame, summary_frame
+from qtrain.results import check_writable
 
 PAPERS = {"adapt": "AdaPT", "dynasty": "DYNASTY", "fractrain": "FracTrain"}
 
@@ -168,15 +172,43 @@ def _write_html(path: Path, sections: list[tuple[str, pd.DataFrame, str]], image
     path.write_text("\n".join(parts) + "\n")
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Each output can be written: a file's folder exists as a writable folder or can be made, a folder likewise."""
+    for option, path, is_file in (("--csv", args.csv, True), ("--latex", args.latex, True), ("--plots", args.plots, False)):
+        if path is None:
+            continue
+        if is_file and path.is_dir():
+            raise ReportError(f"{option} {path} is not allowed: it is a directory (give a file name)")
+        if not is_file and path.exists() and not path.is_dir():
+            raise ReportError(f"{option} {path} is not allowed: it is a file (give a folder)")
+        check_writable(path.parent if is_file else path, f"{option} folder")
+
+
+def _check_baseline(table: pd.DataFrame, baseline: dict[str, str]) -> None:
+    for key, value in baseline.items():
+        present = sorted(set(table[key].astype(str)))
+        if value not in present:
+            raise ReportError(f"--baseline {key}={value} matches no run (its runs have {key}: {', '.join(present)})")
+
+
+def _write(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write(path)
+
+
 def report(argv: list[str] | None = None) -> str:
     """Build the report that ``argv`` asks for, write its files, and return the markdown printed."""
     args = _arguments(argv)
     baseline = _selector(args.baseline)
     names = _paper_names(args.paper)
-    runs = find_runs(args.dirs)
+    _check_outputs(args)
+    runs, twins = one_per_identity(find_runs(args.dirs))
     table = summary_frame(run_frame(runs), baseline, args.aggregate)
+    _check_baseline(table, baseline)
     best = " (each row: its best run)" if args.aggregate == "best" else ""
-    sections = [(f"Runs ({len(runs)}){best}", display_frame(table), "")]
+    note = (f"{len(twins)} more director{'y holds a run' if len(twins) == 1 else 'ies hold runs'} counted once above "
+            f"(the same identity under another name): {', '.join(str(run.dir) for run in twins)}") if twins else ""
+    sections = [(f"Runs ({len(runs)}){best}", display_frame(table), note)]
     exports = []
     for name in names:
         comparison, missing = compare(runs, name, args.aggregate)
@@ -185,15 +217,16 @@ def report(argv: list[str] | None = None) -> str:
             sections.append((heading, _paper_frame(frame), "" if i < len(parts) - 1 else _missing_note(missing)))
         exports.append((name, parts, missing))
     if args.csv:
-        table.to_csv(args.csv, index=False)
+        _write(args.csv, lambda path: table.to_csv(path, index=False))
         for name, parts, missing in exports:
             frames = [frame.assign(view=kind) for kind, _, frame in parts] + [missing.assign(view=missing.group)]
-            pd.concat(frames).drop(columns="group").to_csv(_beside(args.csv, name), index=False)
+            export = pd.concat(frames).drop(columns="group")
+            _write(_beside(args.csv, name), lambda path, export=export: export.to_csv(path, index=False))
     if args.latex:
-        args.latex.write_text(latex(display_frame(table)))
+        _write(args.latex, lambda path: path.write_text(latex(display_frame(table))))
         for name, parts, _ in exports:
-            _beside(args.latex, name).write_text("\n".join(f"% {heading}\n{latex(_paper_frame(frame))}"
-                                                           for _, heading, frame in parts))
+            text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
+            _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))
     if args.plots:
         from qtrain.report.plots import write_plots
 
@@ -213,4 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         print(report(argv))
     except QtrainError as err:
         print(f"qtrain-report: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as err:  # an output that the checks let through and writing then refused (a full disk)
+        print(f"qtrain-report: error: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
         sys.exit(2)

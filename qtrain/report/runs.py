@@ -4,7 +4,10 @@ A run directory is a folder holding ``summary.json``, ``checkpoint.pt`` or ``met
 ``run.py`` writes, see ``results.py``). Its status is the summary's (completed, diverged, failed);
 without a summary it is ``running`` while a process holds its lock, and ``stopped`` otherwise (a run
 killed or cut short: rerunning its command resumes it). Figures of a run without a summary come from
-its last ``metrics.csv`` row, so a sweep in progress reports what it has.
+its last ``metrics.csv`` row, so a sweep in progress reports what it has. A run whose summary,
+config or ``metrics.csv`` cannot be read is ``damaged: <file>: <why>``, without the figures of that
+file, and the report goes on. One identity may sit in two directories (named with and without
+``seed=0``, say): :func:`one_per_identity` keeps one.
 
 A run's *scale* (``scale=paper|mini|smoke``, conf/scale/) is a Hydra group choice, not a config key: it is
 read from the command line the run recorded in ``.hydra/overrides.yaml``; a run that names none is at
@@ -16,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,7 +30,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from qtrain.errors import QtrainError
-from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY
+from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, summary_problem
 
 MARKERS = (SUMMARY, CHECKPOINT, METRICS)
 
@@ -35,10 +39,46 @@ class ReportError(QtrainError):
     """A report asked of something that is not there (no runs, an unknown paper table, a bad selector)."""
 
 
+class _Damaged(Exception):
+    """A run file that cannot be read; the message says which and why."""
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame()
-    return pd.read_csv(path)
+    try:
+        return pd.read_csv(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise _Damaged(f"{path.name}: {type(err).__name__}: {str(err).strip().splitlines()[0]}") from None
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / SUMMARY
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise _Damaged(f"{SUMMARY}: it is not JSON ({type(err).__name__})") from None
+    problem = summary_problem(summary)
+    if problem:
+        raise _Damaged(f"{SUMMARY}: {problem}")
+    return summary
+
+
+def _read_config(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    if "config" in summary:
+        config = summary["config"]
+    elif (run_dir / HYDRA_DIR / "config.yaml").is_file():
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_DIR / "config.yaml"))
+        except Exception as err:  # noqa: BLE001 - YAML and OmegaConf raise assorted errors on a damaged file
+            raise _Damaged(f"{HYDRA_DIR}/config.yaml: {type(err).__name__}") from None
+    else:
+        return {}
+    if not isinstance(config, dict):
+        raise _Damaged(f"its config is a {type(config).__name__}, not a mapping")
+    return config
 
 
 def _locked(run_dir: Path) -> bool:
@@ -73,33 +113,46 @@ class Run:
     dir: Path
     summary: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    damage: str = ""  # the first file found unreadable, and why
 
     @classmethod
     def load(cls, run_dir: Path) -> Run:
         summary: dict[str, Any] = {}
-        if (run_dir / SUMMARY).is_file():
-            try:
-                summary = json.loads((run_dir / SUMMARY).read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ReportError(f"{run_dir / SUMMARY} is not a qtrain summary") from None
-        config = summary.get("config")
-        if config is None and (run_dir / HYDRA_DIR / "config.yaml").is_file():
-            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_DIR / "config.yaml"))
-        return cls(run_dir, summary, config or {})
+        try:
+            summary = _read_summary(run_dir)
+            return cls(run_dir, summary, _read_config(run_dir, summary))
+        except _Damaged as err:
+            return cls(run_dir, {}, {}, str(err))
+
+    def _table(self, name: str) -> pd.DataFrame:
+        try:
+            return _read_csv(self.dir / name)
+        except _Damaged as err:
+            self.damage = self.damage or str(err)
+            return pd.DataFrame()
 
     @cached_property
     def metrics(self) -> pd.DataFrame:
-        return _read_csv(self.dir / METRICS)
+        return self._table(METRICS)
 
     @cached_property
     def precision(self) -> pd.DataFrame:
-        return _read_csv(self.dir / PRECISION)
+        return self._table(PRECISION)
 
     @cached_property
     def status(self) -> str:
+        _ = self.metrics  # reading metrics.csv finds it damaged, if it is
+        if self.damage:
+            return f"damaged: {self.damage}"
         if self.summary:
             return self.summary["status"]
         return "running" if _locked(self.dir) else "stopped"
+
+    @property
+    def run_id(self) -> str | None:
+        """The digest of the run's identity: its summary's, else the one its directory's name ends in."""
+        found = re.search(r"id=([0-9a-f]{8})$", self.dir.name)
+        return self.summary.get("run_id") or (found.group(1) if found else None)
 
     @cached_property
     def flat_config(self) -> dict[str, Any]:
@@ -163,3 +216,14 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             raise ReportError(f"{path} holds no qtrain run (no {', '.join(MARKERS)} under it)")
         runs.extend(Run.load(run_dir) for run_dir in found)
     return sorted({run.dir.resolve(): run for run in runs}.values(), key=lambda run: str(run.dir))
+
+
+def one_per_identity(runs: list[Run]) -> tuple[list[Run], list[Run]]:
+    """The runs with each identity once (a completed one first, then the most epochs), and the others."""
+    best: dict[str, Run] = {}
+    for run in runs:
+        held = best.get(run.run_id) if run.run_id else None
+        if held is None or (run.status == "completed", run.epochs) > (held.status == "completed", held.epochs):
+            best[run.run_id or str(run.dir)] = run
+    kept = {id(run) for run in best.values()}
+    return [run for run in runs if id(run) in kept], [run for run in runs if id(run) not in kept]
