@@ -5,8 +5,8 @@ input sample, one of the precision options FW-a/BW-g (the first may be FW-0/BW-0
 As the paper says (Sec. 3.2: DFQ adapts "the precision of different layers' activations and
 gradients") and the reference code does, an option sets the activation bits (FW) and the gradient
 bits (BW, both backward GEMMs) of every convolution in the block; weights stay at one precision,
-``weight_bits`` (the model config's ``dfq_weight_bits`` where it has one, else 4: the reference's ``--weight_bits`` in its CIFAR
-commands; 6 for ResNet-18/34, its ImageNet command). All samples that run
+``weight_bits`` (the model config's ``dfq_weight_bits`` where it has one, else 4: the reference's
+``--weight_bits`` in its CIFAR commands; 6 for ResNet-18/34, its ImageNet command). All samples that run
 a layer share its quantized weight, one GEMM and one activation/gradient range, each sample rounded
 at its own option's bits. Depthwise convolutions are held at ``depthwise_bits`` (activations FW-8,
 gradients BW-16; weights at ``weight_bits``, as in the reference). Layers outside the blocks (the
