@@ -92,7 +92,7 @@ CASES = {
                       "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,
                            "method dfq needs a model with residual blocks to gate; this model config has no dfq_options "
-                           "(choose resnet20, resnet38, resnet74 or mobilenetv2)"),
+                           "(choose a ResNet or mobilenetv2)"),
     "dynasty target above its widest block": (["method=dynasty", "method.target_bits=9"], None,
                                               "method.target_bits=9 is not allowed: it must be a number from 0 to 8"),
     "resnet18 stem": (["model=resnet18", "model.stem=vgg"], None,

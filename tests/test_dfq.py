@@ -60,13 +60,65 @@ def test_every_block_is_gated_and_the_gates_stay_float32():
     assert [b.mask_skip for b in never.blocks] == [False] * 3 + [True, False, False] * 2
 
 
-@pytest.mark.parametrize("model,widths", [("resnet20", (32, 16, 16)), ("mobilenetv2", (64, 32, 32))])
+@pytest.mark.parametrize("model,widths", [("resnet20", (32, 16, 16)), ("resnet164", (32, 16, 16)),
+                                          ("mobilenetv2", (64, 32, 32)), ("resnet18", (None, 40, 20)),
+                                          ("resnet34", (None, 40, 20))])
 def test_gate_widths_follow_the_reference_code(model, widths):
     _, net, _ = _prepared(model=model)
     gated = next(m for m in net.modules() if isinstance(m, GatedBlock))
     width, embed, hidden = widths
-    assert gated.embed[0].out_channels == width and gated.embed[2].out_channels == embed
+    convs = [m for m in gated.embed if isinstance(m, nn.Conv2d)]
+    # the CIFAR gates: two convs with a ReLU between; the ImageNet ones (fractrain_imagenet): one conv to the embedding
+    assert [c.out_channels for c in convs] == ([embed] if width is None else [width, embed])
+    assert len(gated.embed) == (1 if width is None else 3)
     assert net.gate_controller.cell.input_size == embed and net.gate_controller.cell.hidden_size == hidden
+
+
+@pytest.mark.parametrize("model", ["resnet18", "resnet34"])
+def test_imagenet_resnets_take_the_reference_imagenet_options(model):
+    torch.manual_seed(0)
+    dfq, net, meter = _prepared(model=model)
+    blocks = 8 if model == "resnet18" else 16
+    assert len(dfq.blocks) == blocks and not dfq.has_skip and dfq.num_options == 4
+    assert dfq.run_options == [(3, 6), (4, 8), (6, 12), (8, 16)]  # FW 3/4/6/8 paired with BW 6/8/12/16
+    assert dfq.cfg.weight_bits == 6
+    assert not any(b.skip or b.mask_skip for b in dfq.blocks)
+    loss, _ = _step(dfq, net, meter, torch.randn(8, 3, 8, 8))
+    allowed = {(6, fw, bw, bw) for fw, bw in dfq.run_options}
+    in_blocks = [n for n in dfq.precision() if ".block." in n]
+    assert len(in_blocks) == 2 * blocks + 3  # two convolutions a block, three projections
+    for name in in_blocks:
+        options = dfq.precision()[name].options
+        assert sum(share for share, _ in options) == pytest.approx(1.0)
+        assert {(b.weight, b.act, b.grad, b.grad_weight) for _, b in options} <= allowed
+    loss.backward()
+    assert net.layer1[0].embed[0].weight.grad is not None
+
+
+def _bottleneck_macs(cin, planes, side_in, stride):
+    """A bottleneck block's MACs per sample by hand: 1x1 at the input's side, 3x3 and 1x1 at the output's, the
+    projection (where the shape changes) at the output's; and the projection's alone."""
+    side = side_in // stride
+    main = side_in ** 2 * cin * planes + side ** 2 * planes * planes * 9 + side ** 2 * planes * 4 * planes
+    projection = side ** 2 * cin * 4 * planes if (stride != 1 or cin != 4 * planes) else 0
+    return main + projection, projection
+
+
+def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand():
+    dfq, net, _ = _prepared(OPTIONS, model="resnet164")
+    assert len(dfq.blocks) == 54
+    # the first block of each stage changes the shape and skips through its float32 projection
+    assert [b.skip_by_projection for b in dfq.blocks] == ([True] + [False] * 17) * 3
+    hand, cin, side = [], 16, 8
+    for planes, stride in ((16, 1), (32, 2), (64, 2)):
+        for i in range(18):
+            hand.append(_bottleneck_macs(cin, planes, side, stride if i == 0 else 1))
+            side, cin = side // (stride if i == 0 else 1), 4 * planes
+    float32 = 3 * sum(total for total, _ in hand)
+    fractions = [0.0] + [_fractions(4, fw, bw) for fw, bw in ((2, 6), (4, 12))]
+    for b, (total, projection) in enumerate(hand):
+        expected = [100 * 3 * projection / float32] + [100 * total * f / float32 for f in fractions[1:]]
+        assert dfq.cost_cp[b].tolist() == pytest.approx(expected, rel=1e-6)
 
 
 def test_gates_choose_one_option_per_sample_and_gradients_reach_them():

@@ -89,6 +89,19 @@ def test_the_activation_is_8_bit_forward_and_mapped_for_the_weight_gradient():
     torch.testing.assert_close(act.expand(saved, x.shape), expected, rtol=0, atol=0, equal_nan=True)
 
 
+def test_with_act_map_forward_the_forward_gemm_takes_the_mapped_activation():
+    torch.manual_seed(1)
+    x = torch.randn(6, 8, 2, 2)
+    act = ActivationMap("nearest", 4, in_forward=True)
+    act.batch_size = 12
+    act.allocate(3 * 2 * 4, x.device)
+    act.map = _map(torch.empty(12, 8, 2, 2), bits_pattern)
+    forward, saved = act.compact(x)
+    assert torch.equal(forward, _reference(x, bits_pattern))  # the map's widths, not 8 bits
+    assert torch.equal(act.expand(saved, x.shape), forward)  # the same tensor in the weight-gradient GEMM
+    assert torch.equal(act(x), _reference(x, lambda *_: 8))  # without gradients (evaluation): 8 bits
+
+
 def test_the_gradient_is_8_bit_on_batch_by_channel_blocks():
     torch.manual_seed(2)
     g = torch.randn(5, 6, 3, 3) * 1e-4
@@ -246,6 +259,19 @@ def test_computation_counts_each_blocks_macs_strides_included():
     assert torch.all(method.computation("layer2.0.shortcut.0", "weight") == 16 * 2 * 8 * 16)
 
 
+def test_act_map_forward_charges_the_forward_gemm_and_counts_both_gemms():
+    torch.manual_seed(0)
+    method, model = prepared("dynasty", "method.act_map=forward")
+    method.profile(model, torch.zeros(2, 3, 8, 8))
+    method.attach(None, RunFacts(8, 1, 8))
+    record = _step(method, model, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    for layer in record.values():  # first epoch: 4-bit weight x 4-bit activation forward; 4 x 8 in the other two
+        assert layer.gemm_fractions == pytest.approx((16 / 1024, 32 / 1024, 32 / 1024))
+    act = method.computation("layer2.0.shortcut.0", "act").reshape(2, 4, 8, 8)
+    assert torch.all(act[:, :, ::2, ::2] == 2 * 16 * 32)  # the forward GEMM's MACs beside the weight gradient's
+    assert torch.all(method.computation("layer2.0.shortcut.0", "weight") == 16 * 2 * 8 * 16)  # unchanged
+
+
 def _dynasty_linear(features, sample_shape, batch, *overrides):
     """DYNASTY on one bias-free Linear(features, features) for samples of ``sample_shape`` in batches of ``batch``."""
     from qtrain.methods import build_method
@@ -257,8 +283,8 @@ def _dynasty_linear(features, sample_shape, batch, *overrides):
     return method, model
 
 
-def _one_linear(target=4):
-    method, model = _dynasty_linear(4, (4,), 4, f"method.target_bits={target}")
+def _one_linear(target=4, *overrides):
+    method, model = _dynasty_linear(4, (4,), 4, f"method.target_bits={target}", *overrides)
     model(torch.randn(4, 4)).sum().backward()
     return method, model[0].quant
 
@@ -286,6 +312,54 @@ def test_the_epoch_end_by_hand():
     # widths 2 2/3 and 6 2/3; smoothed with the last ones (5 1/3, 1 1/3) at gamma 0.5: 4 and 4
     assert method.lam == pytest.approx(-5 / 3)
     assert (quant.weight.map.tolist(), quant.act.map.tolist()) == ([4], [4])
+
+
+def test_average_blocks_holds_algorithm_1s_plain_mean():
+    method, quant = _one_linear(4, "method.average=blocks")
+    _set_sensitivities(quant, 5, 1)  # r = 5 and 1, T = 128 and 64
+    metrics = {}
+    method.end_epoch(0, metrics)
+    # lambda^ = (5 + 1) / 2 - 4 = -1: widths 6 and 2, whose plain mean is 4 (no bound active, Algorithm 1 keeps it);
+    # the computation-weighted average the run reports is (128 * 6 + 64 * 2) / 192 = 4 2/3 (macs: lambda = -1/3)
+    assert method.lam == pytest.approx(-1.0)
+    assert (quant.weight.map.tolist(), quant.act.map.tolist()) == ([6], [2])
+    assert metrics["dynasty_next_average_bits"] == pytest.approx(14 / 3)
+
+
+def test_average_blocks_counts_the_blocks_that_take_part_in_a_mac():
+    computation = torch.tensor([0.0, 5.0, 2.0], dtype=torch.float64)
+    assert torch.equal(dynasty_map.average_weights(computation, "macs"), computation)
+    assert dynasty_map.average_weights(computation, "blocks").tolist() == [0.0, 1.0, 1.0]
+    # r = (-inf, 3, 1) at alpha 2: the plain mean over the two blocks that compute, lambda^ = 2 - 2 = 0, widths 3 and 1
+    r = dynasty_map.relative_sensitivity(torch.tensor([0.0, 5.0 * 64, 2.0 * 4]), computation)
+    weights = dynasty_map.average_weights(computation, "blocks")
+    lam = dynasty_map.first_lambda(r, weights, 2.0)
+    assert lam == pytest.approx(0.0)
+    assert dynasty_map.bit_widths(r, lam, 8.0).tolist() == [0.0, 3.0, 1.0]
+    assert dynasty_map.tune_lambda(lam, r, weights, 2.0, 8.0, 3) == pytest.approx(0.0)
+
+
+def test_act_map_forward_epoch_end_by_hand():
+    method, quant = _one_linear(4, "method.act_map=forward")
+    # the activation block now takes part in two GEMMs: T = 2 x 64 = 128, as the weight's
+    assert method.computation("0", "act").tolist() == [128.0]
+    quant.weight.sensitivity = torch.tensor([128 * 4.0 ** 5], dtype=torch.float64)
+    quant.act.sensitivity = torch.tensor([128 * 4.0 ** 1], dtype=torch.float64)
+    method.end_epoch(0, {})
+    assert method.lam == pytest.approx(-1.0)  # (128 * 5 + 128 * 1) / 256 - 4
+    assert (quant.weight.map.tolist(), quant.act.map.tolist()) == ([6], [2])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("method.average=tokens", "method.average='tokens' is not allowed"),
+    ("method.act_map=error", "method.act_map='error' is not allowed"),
+])
+def test_bad_dynasty_readings_are_named(override, message):
+    from qtrain.errors import ConfigError
+    from qtrain.methods import build_method
+
+    with pytest.raises(ConfigError, match=message):
+        build_method(make_config("method=dynasty", override).method)
 
 
 def test_the_maps_and_lambda_survive_a_resume():

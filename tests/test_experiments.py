@@ -74,13 +74,35 @@ def test_dynasty_table1_follows_the_paper_schedule(method):
 
 
 @pytest.mark.parametrize("experiment", ["fractrain_table1", "fractrain_table3", "fractrain_table5", "fractrain_fig3",
-                                        "fractrain_manual_pfq"])
+                                        "fractrain_manual_pfq", "fractrain_table6"])
 def test_fractrain_experiments_follow_the_paper_schedule(experiment):
     cfg = make_config(f"experiment={experiment}")
     assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr, cfg.optim.weight_decay) == (160, 128, 0.1, 1e-4)
     assert (list(cfg.sched.milestones), cfg.sched.gamma, cfg.data.sample) == ([80, 120], 0.1, None)
     assert (cfg.method.window, cfg.method.scale_epochs) == (5, 10)
     assert list(cfg.method.manual_epochs) == ([40, 80, 120] if experiment == "fractrain_manual_pfq" else [])
+
+
+def test_fractrain_table6_trains_fractrain_on_resnet110_with_the_cifar_options():
+    cfg = make_config("experiment=fractrain_table6")
+    assert (cfg.method.name, cfg.model.name, cfg.data.name) == ("fractrain", "resnet110", "cifar10")
+    assert list(cfg.method.cp_schedule) == [1.5, 2.0, 2.5, 3.0] and cfg.method.weight_bits == 4
+    assert [list(o) for o in cfg.method.options] == [[0, 0], [2, 6], [3, 6], [4, 6], [4, 12], [6, 8], [6, 12]]
+    assert make_config("experiment=fractrain_table6", "model=resnet164").method.options == cfg.method.options
+
+
+@pytest.mark.parametrize("model", ["resnet18", "resnet34"])
+def test_fractrain_table4_follows_the_reference_imagenet_command(model):
+    cfg = make_config("experiment=fractrain_table4", f"model={model}")
+    assert (cfg.method.name, cfg.model.name, cfg.data.name) == ("fractrain", model, "imagenet")
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr, cfg.optim.weight_decay) == (90, 256, 0.1, 1e-4)
+    assert (list(cfg.sched.milestones), cfg.sched.gamma) == ([30, 60], 0.1)
+    assert list(cfg.method.cp_schedule) == [3.0, 3.5, 4.0, 4.5]  # the table's cp=3/3.5/4/4.5
+    assert (cfg.method.epsilon, cfg.method.alpha, cfg.method.act_momentum) == (0.05, 0.3, 0.9)
+    assert [list(o) for o in cfg.method.options] == [[3, 6], [4, 8], [6, 12], [8, 16]] and cfg.method.weight_bits == 6
+    assert dict(cfg.method.gate) == {"width": None, "embed": 40, "hidden": 20}
+    sbm = make_config("experiment=fractrain_imagenet", "method=sbm", f"model={model}")  # the header's SBM sweep
+    assert (sbm.method.name, sbm.train.epochs, sbm.model.name) == ("sbm", 90, model)
 
 
 def test_muppet_experiments_follow_the_reference_configs():

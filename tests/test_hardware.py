@@ -167,3 +167,37 @@ def test_an_attention_product_moves_its_second_operand_per_sample_in_the_weights
     price_layer(recorder, LayerPrecision.uniform(Bits(8, 8, 8, 8), "range-linear"), 200, sizes["scores"], samples=6)
     a, b, out = 6 * 40, 6 * 40, 6 * 50  # every operand scales with the samples: no weight is shared
     assert recorder.seen == [(a, b, out), (out, b, a), (a, out, b)]
+
+
+@pytest.mark.parametrize("bits", [0, 2, 3, 4, 6, 8])
+def test_bit_serial_dynasty_time_is_b_over_8_of_the_8bit_step(bits):
+    # every GEMM of a DYNASTY layer has one mapped operand at b bits and a static 8-bit one: b serial cycles against
+    # the baseline's 8; energy adds the module's 10.3 mW for the time the step takes at 4 bits (4/8 of the baseline's)
+    meter = HardwareMeter({"a": 100}, {"a": SIZES["a"]})
+    uniform = Bits(weight=bits, act=8, grad=8, grad_weight=8, act_weight=bits)
+    meter.add({"a": LayerPrecision.uniform(uniform, "block-fp-map")}, SAMPLES)
+    totals = meter.totals()["bit_serial"]
+    assert totals["seconds"] / totals["baseline_seconds"] == pytest.approx(bits / 8)
+    assert totals["joules"] / totals["baseline_joules"] == pytest.approx(bits / 8 + 10.3 / 297 * 4 / 8)
+
+
+def _fig8_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "dynasty_fig8.py"
+    spec = importlib.util.spec_from_file_location("dynasty_fig8", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dynasty_fig8_overheads_and_the_resnet18_step():
+    fig8 = _fig8_script()
+    # Fig. 8 and Sec. 5.2: 1 - reduction = time x (1 + overhead)
+    assert fig8.implied_overhead(40.0, 58.3) == pytest.approx(100 * (60.0 / 58.3 - 1))
+    assert [round(fig8.implied_overhead(r, t), 1) for _, r, t in fig8.PAPER] == [2.9, 4.1, 5.5, 8.2]
+    step = fig8.bit_serial_step(2, batch=4)
+    assert step["time"] == pytest.approx(25.0)
+    assert step["overhead"] == pytest.approx(100 * 10.3 / 297 * 4 / 2)  # the module's 4-bit time over the 2-bit step's
+    assert step["reduction"] == pytest.approx(100 - step["energy"])

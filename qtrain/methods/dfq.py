@@ -5,7 +5,8 @@ input sample, one of the precision options FW-a/BW-g (the first may be FW-0/BW-0
 As the paper says (Sec. 3.2: DFQ adapts "the precision of different layers' activations and
 gradients") and the reference code does, an option sets the activation bits (FW) and the gradient
 bits (BW, both backward GEMMs) of every convolution in the block; weights stay at one precision,
-``weight_bits`` (4, the reference's ``--weight_bits`` in its CIFAR commands). All samples that run
+``weight_bits`` (the model config's ``dfq_weight_bits`` where it has one, else 4: the reference's
+``--weight_bits`` in its CIFAR commands; 6 for ResNet-18/34, its ImageNet command). All samples that run
 a layer share its quantized weight, one GEMM and one activation/gradient range, each sample rounded
 at its own option's bits. Depthwise convolutions are held at ``depthwise_bits`` (activations FW-8,
 gradients BW-16; weights at ``weight_bits``, as in the reference). Layers outside the blocks (the
@@ -49,7 +50,11 @@ ResNet-38 and, without a skip, 3/6, 4/6, 6/8, ?, 8/16 for ResNet-74 (the fourth 
 the logs; qtrain fills it with 6/12, which sits there in ResNet-38's set). The paper-table experiments
 (fractrain_table3, Table 5's fractrain_adapt/fractrain_finetune) take a model config's
 ``dfq_table3_options`` (ResNet-38, ResNet-74) and the released scripts' set for any other model. (The
-reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.) The
+reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.) For
+ResNet-18/34 the paper gives no options; the model configs take the reference's ImageNet ones
+(``fractrain_imagenet/train_frac.py``: FW 3/4/6/8 paired with BW 6/8/12/16, no skip). That code runs
+the projection shortcuts of its ImageNet ResNets in float32 (plain ``nn.Conv2d``); qtrain quantizes
+them, as every convolution of a gated block, at the sample's option. The
 reference charges MobileNetV2's depthwise convolutions as a constant at 8-bit weights and adds that
 quantized cost to cp's denominator; qtrain charges them inside their block, at ``weight_bits``
 weights, only when the block runs, against their float32 cost.
@@ -102,15 +107,18 @@ class DFQ(Method):
         super().__init__(cfg)
         if cfg.options is None:
             raise ConfigError("method dfq needs a model with residual blocks to gate; this model config has no "
-                              "dfq_options (choose resnet20, resnet38, resnet74 or mobilenetv2)")
+                              "dfq_options (choose a ResNet or mobilenetv2)")
         check_range_linear(cfg)
         check_bits(cfg, "weight_bits")
         if cfg.outside is not None:
             check_bits(cfg.outside, "fw", "bw", prefix="method.outside.")
         for key in ("width", "embed", "hidden"):
             value = cfg.gate[key]
+            if key == "width" and value is None:
+                continue  # one conv straight to the embedding (the reference's ImageNet gates)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"method.gate.{key}={value!r} is not allowed: it must be an integer >= 1")
+                allowed = "an integer >= 1 or null (one conv to the embedding)" if key == "width" else "an integer >= 1"
+                raise ConfigError(f"method.gate.{key}={value!r} is not allowed: it must be {allowed}")
         check_choice(cfg, "execution", EXECUTIONS)
         check_choice(cfg, "cp_scope", CP_SCOPES)
         check_choice(cfg, "skip_downsample", SKIP_DOWNSAMPLE)

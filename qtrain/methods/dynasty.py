@@ -6,15 +6,21 @@ activations and batch x C_out for ``grad_output``, at each spatial position of a
 token of a Linear's (batch, tokens, C) input, tokens taking the place of spatial positions (the tiled
 dimensions are chosen per layer in :meth:`Dynasty.prepare`). In each of the three GEMMs one operand has
 static 8-bit mantissas and the other 0-8 bits per block from its bit-width map; a 0-bit block is skipped.
-Which operand is mapped: the weight in the forward and error GEMMs, the activation in the
-weight-gradient GEMM; ``grad_output`` is always the static one. The paper names the mapped operand
-of no stage; this follows from it: sensitivity (eq. 1 and the sentence after it) exists for weights
-and activations, whose gradients the training computes, and not for ``grad_output``; and the weight
-is the bit-serial operand of UNPU, the accelerator DYNASTY extends (1-16-bit weights). Eq. 1 measures
-the loss noise of a forward-pass quantization, which the weight map causes; the activation map acts
-in the weight-gradient GEMM only, where eq. 1 (with the gradient w.r.t. the activation, as the paper
-says) ranks its blocks as the paper does, but is not that GEMM's own noise. A b-bit mantissa includes
-its sign (2 bits: -1, 0, 1 times the block's step), as QPyTorch's block floating point counts it.
+Which operand is mapped (``act_map: weight_gradient``, the default): the weight in the forward and error
+GEMMs, the activation in the weight-gradient GEMM; ``grad_output`` is always the static one. The paper
+names the mapped operand of no stage; this follows from it: sensitivity (eq. 1 and the sentence after
+it) exists for weights and activations, whose gradients the training computes, and not for
+``grad_output``; and the weight is the bit-serial operand of UNPU, the accelerator DYNASTY extends
+(1-16-bit weights), so every GEMM keeps one serial operand. Eq. 1 measures the loss noise of a
+forward-pass quantization, which the weight map causes; under this default the activation map acts in
+the weight-gradient GEMM only, where eq. 1 (with the gradient w.r.t. the activation, as the paper says)
+ranks its blocks as the paper does, but is not that GEMM's own noise. ``act_map: forward`` is the
+reading in which eq. 1's activation term is the noise it measures: the activation is quantized by its
+map once and that one tensor enters the forward GEMM (against the mapped weight) and the weight-gradient
+GEMM (against the 8-bit ``grad_output``); an activation block's T_i then counts both GEMMs. A forward
+without gradients (evaluation) takes activations at 8 bits under either reading: the map covers the rows
+of a training batch. A b-bit mantissa includes its sign (2 bits: -1, 0, 1 times the block's step), as
+QPyTorch's block floating point counts it.
 
 Sec. 3.2 (Relative Quantization Sensitivity Analytics): every backward adds eq. 1,
 ``S_i = (2^e_i)^2/16 * sum_j g_ij^2``, of each weight block (g: its weight gradient) and each
@@ -26,8 +32,9 @@ Algorithm 1 (from ``lambda^ = mean(r) - alpha`` after the first epoch, from the 
 that), ``b_i = clip(r_i - lambda, 0, beta)`` (eq. 3a), temporal smoothing with gamma = 0.5 (eq. 4),
 rounding to {0, 2, 4, 6, 8}. The first epoch runs every block at 4 bits. T_i, a block's computation,
 is the MACs its elements take part in as the mapped operand per step (:meth:`Dynasty.computation`);
-the average bit-width that Algorithm 1 holds at ``target_bits`` (alpha, eq. 2b) is weighted by it,
-and so are the shares the cost meter charges.
+the average bit-width that Algorithm 1 holds at ``target_bits`` (alpha, eq. 2b) is weighted by it
+(``average: macs``; ``blocks``: Algorithm 1's printed plain mean, see :mod:`qtrain.methods.dynasty_map`),
+and so are the shares the cost meter charges and the ``average_bits`` the run reports, under either.
 
 Where this departs from the paper or fills a gap it leaves:
 
@@ -73,6 +80,7 @@ from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import BlockFloatingPoint
 
 OPERANDS = ("weight", "act")
+ACT_MAPS = ("weight_gradient", "forward")
 
 
 def _check_levels(cfg: DictConfig) -> tuple[int, ...]:
@@ -105,6 +113,9 @@ class Dynasty(Method):
             check_choice(cfg, key, ROUNDINGS)
         for key in ("first_layer", "last_layer"):
             check_choice(cfg, key, LAYER_PRECISIONS)
+        check_choice(cfg, "average", dynasty_map.AVERAGES)
+        check_choice(cfg, "act_map", ACT_MAPS)
+        self.act_in_forward = cfg.act_map == "forward"
         self.layers: dict[str, OperandQuantizers] = {}
         self.macs: dict[str, int] = {}
         self.batch_size = 0
@@ -126,7 +137,7 @@ class Dynasty(Method):
                 return None
             dims = operand_dims(layer)  # batch x channels of the activation and grad_output
             weight = WeightMap(cfg.weight_rounding, cfg.initial_bits)
-            act = ActivationMap(cfg.act_rounding, cfg.initial_bits, dims)
+            act = ActivationMap(cfg.act_rounding, cfg.initial_bits, dims, in_forward=self.act_in_forward)
             grad = BlockFloatingPoint(STATIC_BITS, cfg.grad_rounding, block=BLOCK, dims=dims)
             return OperandQuantizers(weight=weight, act=act, grad=grad, observer=Sensitivity(weight, act))
 
@@ -152,7 +163,8 @@ class Dynasty(Method):
         """T_i of each block of one operand for a full batch (float64): the MACs its elements take part in as the
         mapped operand, counted by differentiating the layer's GEMM on all-ones operands (padding and strides
         included: an input a strided 1x1 convolution never reads counts 0). A weight element is mapped in two
-        GEMMs (forward, error), an activation element in one (weight gradient)."""
+        GEMMs (forward, error), an activation element in one (weight gradient) or, with ``act_map: forward``, in
+        two (forward, weight gradient: the same MACs per element)."""
         key = f"{name}/{operand}"
         if key not in self._computation:
             layer, quant = self.model.get_submodule(name), self.layers[name]
@@ -161,7 +173,8 @@ class Dynasty(Method):
                 w = torch.ones_like(layer.weight, requires_grad=True)
                 layer.gemm(x, w, None).sum().backward()
             self._computation[f"{name}/weight"] = tile_sums(2 * w.grad, BLOCK, quant.weight.dims).double()
-            self._computation[f"{name}/act"] = tile_sums(x.grad, BLOCK, quant.act.dims).double()
+            gemms = 2 if self.act_in_forward else 1
+            self._computation[f"{name}/act"] = tile_sums(gemms * x.grad, BLOCK, quant.act.dims).double()
         return self._computation[key]
 
     @staticmethod
@@ -189,8 +202,8 @@ class Dynasty(Method):
         rows = quant.act.last_rows
         weights = self._shares(quant.weight.map, self.computation(name, "weight"))
         acts = self._shares(quant.act.map[:rows], self.computation(name, "act")[:rows])
-        options = tuple((sw * sa, Bits(weight=bw, act=STATIC_BITS, grad=STATIC_BITS, grad_weight=STATIC_BITS,
-                                       act_weight=ba))
+        options = tuple((sw * sa, Bits(weight=bw, act=ba if self.act_in_forward else STATIC_BITS, grad=STATIC_BITS,
+                                       grad_weight=STATIC_BITS, act_weight=ba))
                         for bw, sw in weights for ba, sa in acts)
         return LayerPrecision(options, WeightMap.fmt)
 
@@ -216,8 +229,9 @@ class Dynasty(Method):
         sensitivities = distributed.sum_(torch.cat([q.sensitivity for _, _, q in operands]))
         r = dynasty_map.relative_sensitivity(sensitivities, weight)
         alpha, beta = float(cfg.target_bits), float(cfg.max_bits)
-        start = self.lam if self.lam is not None else dynasty_map.first_lambda(r, weight, alpha)
-        self.lam = dynasty_map.tune_lambda(start, r, weight, alpha, beta, cfg.iterations)
+        held = dynasty_map.average_weights(weight, cfg.average)  # the average Algorithm 1 holds at alpha
+        start = self.lam if self.lam is not None else dynasty_map.first_lambda(r, held, alpha)
+        self.lam = dynasty_map.tune_lambda(start, r, held, alpha, beta, cfg.iterations)
         new = dynasty_map.bit_widths(r, self.lam, beta)
         if self.smoothed:
             last = torch.cat([self.smoothed[f"{n}/{o}"] for n, o, _ in operands])

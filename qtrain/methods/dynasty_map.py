@@ -11,8 +11,13 @@
 
 Departures, each for a stated reason:
 
-- Averages are weighted by each block's computation T_i, the constraint of eq. 2b; Algorithm 1 prints
-  an unweighted mean (1/N sum), which is the same only where every block costs the same.
+- Which average Algorithm 1 and lambda^ hold at alpha (:func:`average_weights`, the method's ``average``):
+  ``macs`` (default) weighs each block by its computation T_i, the constraint of eq. 2b, where the paper
+  defines alpha as "the T_i weighted average of block bit-width b_i" (Sec. 3.2.1), the average that sets
+  the bit-serial time and the cost; ``blocks`` is Algorithm 1's literal plain mean (lines 5-7:
+  ``1/N sum_i``, and Sec. 3.3.1's lambda^ likewise), over the blocks that take part in a MAC (T_i > 0; a
+  block no GEMM reads has no bit-width to spend). The two agree only where every block costs the same;
+  the paper states the weighted constraint as the problem Algorithm 1 solves, so the default follows it.
 - Blocks with S_i = 0 (all zeros: no quantization noise, or a zero gradient) or T_i = 0 (no MAC) have
   r_i = -inf: they get 0 bits and do not set the bracket, whose ends come from the finite r.
 - Algorithm 1 stops early where the interpolation has nothing to divide (``b`` equal to a bracket end's
@@ -36,6 +41,16 @@ def relative_sensitivity(sensitivity: torch.Tensor, computation: torch.Tensor) -
 def bit_widths(r: torch.Tensor, lam: float, beta: float) -> torch.Tensor:
     """Eq. 3a: ``max(0, min(r - lambda, beta))`` (0 where r = -inf)."""
     return (r - lam).clamp(0.0, beta)
+
+
+AVERAGES = ("macs", "blocks")
+
+
+def average_weights(computation: torch.Tensor, average: str) -> torch.Tensor:
+    """The weights of the average held at alpha: T_i (``macs``), or 1 for each block of T_i > 0 (``blocks``)."""
+    if average == "macs":
+        return computation
+    return (computation > 0).to(computation.dtype)
 
 
 def weighted_average(bits: torch.Tensor, computation: torch.Tensor) -> float:

@@ -1,11 +1,13 @@
 """DFQ's gates and gated blocks (FracTrain Sec. 3.2, Eq. (1), Fig. 2; appendix F).
 
 Every gated block has its own light embedding of its input (global average pool, 1x1 conv to
-``width`` channels, ReLU, 1x1 conv to ``embed``); one LSTM cell shared by all blocks carries its
-state from block to block within a forward pass (reset at each forward) and a shared linear layer
-maps it to one logit per precision option. The widths follow the reference code: 32/16 with a
-16-unit cell for ResNet, 64/32 with a 32-unit cell for MobileNetV2 (the model config's ``dfq_gate``),
-and so does the initialization of the embedding convolutions and the projection (normal, standard
+``width`` channels, ReLU, 1x1 conv to ``embed``; with ``width`` null, one 1x1 conv straight to ``embed``);
+one LSTM cell shared by all blocks carries its state from block to block within a forward pass (reset at
+each forward) and a shared linear layer maps it to one logit per precision option. The widths follow the
+reference code (GATECH-EIC/FracTrain, the model config's ``dfq_gate``): 32/16 with a 16-unit cell for the
+CIFAR ResNets and 64/32 with a 32-unit cell for MobileNetV2 (``fractrain_cifar/models.py``), one conv to 40
+with a 20-unit cell for ResNet-18/34 on ImageNet (``fractrain_imagenet/models.py``, ``ResNet_RNN``); and so
+does the initialization of the embedding convolutions and the projection (normal, standard
 deviation ``sqrt(2 / n)`` with ``n`` = kernel area x output channels, or inputs x outputs).
 The softmax's argmax picks each sample's option; the straight-through gate
 ``g = onehot + (p - p.detach())`` is exactly 1 for the chosen option in the forward pass and passes
@@ -109,13 +111,17 @@ class GateController(nn.Module):
 class GatedBlock(nn.Module):
     """A :class:`Block` behind its gate; option 0 is the skip when ``has_skip``, the rest run ``block``."""
 
-    def __init__(self, block: Block, in_channels: int, controller: GateController, width: int, embed: int,
+    def __init__(self, block: Block, in_channels: int, controller: GateController, width: int | None, embed: int,
                  has_skip: bool, skip_projection: bool, execution: str) -> None:
         super().__init__()
         self.block = block
-        self.embed = nn.Sequential(nn.Conv2d(in_channels, width, 1), nn.ReLU(inplace=True), nn.Conv2d(width, embed, 1))
-        reference_init(self.embed[0])
-        reference_init(self.embed[2])
+        if width is None:
+            self.embed = nn.Sequential(nn.Conv2d(in_channels, embed, 1))
+        else:
+            self.embed = nn.Sequential(nn.Conv2d(in_channels, width, 1), nn.ReLU(inplace=True), nn.Conv2d(width, embed, 1))
+        for layer in self.embed:
+            if isinstance(layer, nn.Conv2d):
+                reference_init(layer)
         self.shared = (controller,)  # a tuple, so the shared controller is registered once, on the model
         self.skip = has_skip  # option 0 is the skip
         # how a skipped sample passes: unchanged, through the float32 projection shortcut, or not at all

@@ -11,7 +11,7 @@ from torch import nn
 from qtrain.errors import ConfigError
 from qtrain.models.alexnet import AlexNetCIFAR
 from qtrain.models.mobilenetv2 import MobileNetV2CIFAR
-from qtrain.models.resnet import ResNet18
+from qtrain.models.resnet import STAGES, ResNetImageNet
 from qtrain.models.resnet_cifar import ResNetCIFAR
 from qtrain.models.transformer import TransformerLM
 from qtrain.task import CLASSIFICATION, Task
@@ -20,7 +20,10 @@ MODELS: dict[str, tuple[type[nn.Module], Callable[..., nn.Module]]] = {
     "resnet20": (ResNetCIFAR, partial(ResNetCIFAR, 20)),
     "resnet38": (ResNetCIFAR, partial(ResNetCIFAR, 38)),
     "resnet74": (ResNetCIFAR, partial(ResNetCIFAR, 74)),
-    "resnet18": (ResNet18, ResNet18),
+    "resnet110": (ResNetCIFAR, partial(ResNetCIFAR, 110)),
+    "resnet164": (ResNetCIFAR, partial(ResNetCIFAR, 164, bottleneck=True)),
+    "resnet18": (ResNetImageNet, partial(ResNetImageNet, STAGES[18])),
+    "resnet34": (ResNetImageNet, partial(ResNetImageNet, STAGES[34])),
     "alexnet": (AlexNetCIFAR, AlexNetCIFAR),
     "mobilenetv2": (MobileNetV2CIFAR, MobileNetV2CIFAR),
     "transformer": (TransformerLM, TransformerLM),
@@ -36,7 +39,7 @@ def build_model(name: str, config: Mapping[str, Any] | None = None, **inputs: An
     """Build model ``name`` for the data's sizes: ``in_channels``, ``num_classes`` and ``input_size`` (h, w) of
     images, or a language model's ``vocab_size``.
 
-    A model class that lists ``options`` takes those keys from its model ``config`` (ResNet-18's ``stem``).
+    A model class that lists ``options`` takes those keys from its model ``config`` (the ImageNet ResNets' ``stem``).
     """
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r} (choose from: {', '.join(sorted(MODELS))})")

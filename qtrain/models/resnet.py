@@ -1,15 +1,16 @@
-"""ResNet-18 (He et al., 2016) in its ImageNet form and its CIFAR form, from one definition.
+"""ResNet-18 and ResNet-34 (He et al., 2016) in their ImageNet form and their CIFAR form, from one definition.
 
-Four stages of two BasicBlocks with 64/128/256/512 channels, 1x1-conv projection shortcuts where the
-shape changes (torchvision's ``resnet18`` layout), global average pooling and a linear classifier.
-The forms differ in the stem only: ImageNet's 7x7 stride-2 convolution and 3x3 stride-2 max-pool, or
-CIFAR's 3x3 stride-1 convolution without pooling (the form DYNASTY's CIFAR-100 row trains, dynasty.txt
-Sec. 5.1). ``stem: auto`` takes the CIFAR form for inputs up to 64 x 64 and the ImageNet form above.
+Four stages of BasicBlocks (ResNet-18: 2/2/2/2, ResNet-34: 3/4/6/3) with 64/128/256/512 channels, 1x1-conv
+projection shortcuts where the shape changes (torchvision's ``resnet18``/``resnet34`` layout), global
+average pooling and a linear classifier. The forms differ in the stem only: ImageNet's 7x7 stride-2
+convolution and 3x3 stride-2 max-pool, or CIFAR's 3x3 stride-1 convolution without pooling (the form
+DYNASTY's CIFAR-100 row trains, DYNASTY paper Sec. 5.1). ``stem: auto`` takes the CIFAR form for inputs up
+to 64 x 64 and the ImageNet form above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,9 +22,10 @@ from qtrain.models.resnet_cifar import BasicBlock
 
 STEMS = ("auto", "cifar", "imagenet")
 CIFAR_UP_TO = 64
+STAGES = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
-class ResNet18(nn.Module):
+class ResNetImageNet(nn.Module):
     min_input_size = 1
     options = ("stem",)
 
@@ -34,7 +36,9 @@ class ResNet18(nn.Module):
         if stem not in STEMS:
             raise ConfigError(f"model.stem={stem!r} is not allowed (choose from: {', '.join(STEMS)})")
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 1000, input_size: int = 224, stem: str = "auto") -> None:
+    def __init__(self, blocks: Sequence[int], in_channels: int = 3, num_classes: int = 1000, input_size: int = 224,
+                 stem: str = "auto") -> None:
+        """``blocks``: BasicBlocks per stage (``STAGES[18]``, ``STAGES[34]``)."""
         super().__init__()
         self.check({"stem": stem})
         self.form = ("cifar" if input_size <= CIFAR_UP_TO else "imagenet") if stem == "auto" else stem
@@ -46,8 +50,9 @@ class ResNet18(nn.Module):
             self.pool = nn.MaxPool2d(3, 2, 1)
         self.bn1 = nn.BatchNorm2d(64)
         stages, in_planes = [], 64
-        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            stages.append(nn.Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)))
+        for n, (planes, stride) in zip(blocks, ((64, 1), (128, 2), (256, 2), (512, 2))):
+            stage = [BasicBlock(in_planes, planes, stride)] + [BasicBlock(planes, planes, 1) for _ in range(n - 1)]
+            stages.append(nn.Sequential(*stage))
             in_planes = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.fc = nn.Linear(512, num_classes)

@@ -1,8 +1,22 @@
-"""The CIFAR ResNet family of He et al. (2016), depth 6n+2: ResNet-20/38/74 are n = 3/6/12.
+"""The CIFAR ResNets of He et al.: depth 6n+2 with basic blocks (ResNet-20/38/74/110: n = 3/6/12/18) and
+depth 9n+2 with bottleneck blocks (ResNet-164: n = 18).
 
-Three stages of n BasicBlocks with 16/32/64 channels (METHODS.md, "PFQ, DFQ, FracTrain": ResNet-38 =
-[6,6,6], ResNet-74 = [12,12,12]); downsampling shortcuts are 1x1 convolutions with batch norm (the
-"option B" of the FracTrain/SkipNet reference code). Global average pooling makes any input size work.
+Three stages of n blocks with 16/32/64 channels (FracTrain's reference code, GATECH-EIC/FracTrain
+``fractrain_cifar/models.py``: ResNet-38 = [6,6,6], ResNet-74 = [12,12,12], ResNet-110 = [18,18,18]);
+downsampling shortcuts are 1x1 convolutions with batch norm (the "option B" of the FracTrain/SkipNet
+reference code). Global average pooling makes any input size work.
+
+ResNet-164 (FracTrain appendix B, Table 6) is the bottleneck network of He et al. 2016, "Identity Mappings
+in Deep Residual Networks" (Sec. 4): blocks of a 1x1 convolution to the stage's width, a 3x3 convolution
+(the stride, where there is one) and a 1x1 convolution to four times the width, so the stages put out
+64/128/256 channels; the first block changes the width through its projection shortcut. FracTrain's
+reference code has no ResNet-164 (its CIFAR models are all basic-block, post-activation, as SkipNet's,
+which it builds on), so the block here is that code's post-activation form (ReLU after the residual sum,
+the "original" ResNet-164 of the Identity-Mappings paper's comparison of original and pre-activation units): the form
+of every other FracTrain ResNet, of the bottleneck in the reference's ImageNet code
+(``fractrain_imagenet/models.py``), and the one whose published errors (5.93 % on CIFAR-10, 25.16 % on
+CIFAR-100) lie closer to FracTrain's FW8/BW8 baseline (93.72 %, 74.55 %) than the pre-activation ones
+(5.46 %, 24.33 %).
 """
 
 from __future__ import annotations
@@ -15,6 +29,8 @@ from qtrain.models.blocks import Block
 
 
 class BasicBlock(Block):
+    expansion = 1
+
     def __init__(self, in_planes: int, planes: int, stride: int) -> None:
         super().__init__()
         self.identity = stride == 1 and in_planes == planes
@@ -23,9 +39,7 @@ class BasicBlock(Block):
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
-        self.shortcut = nn.Sequential()
-        if not self.identity:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+        self.shortcut = projection_shortcut(in_planes, planes, stride, self.identity)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -33,26 +47,62 @@ class BasicBlock(Block):
         return F.relu(out + self.shortcut(x))
 
 
+class Bottleneck(Block):
+    """1x1 to ``planes``, 3x3 at ``stride``, 1x1 to ``4 * planes``; post-activation (ReLU after the sum)."""
+
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        out_planes = planes * self.expansion
+        self.identity = stride == 1 and in_planes == out_planes
+        self.projection_name = None if self.identity else "shortcut.0"
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out_planes, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_planes)
+        self.shortcut = projection_shortcut(in_planes, out_planes, stride, self.identity)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + self.shortcut(x))
+
+
+def projection_shortcut(in_planes: int, out_planes: int, stride: int, identity: bool) -> nn.Sequential:
+    """The identity (an empty Sequential) or a 1x1 convolution with batch norm (the block's ``projection``)."""
+    if identity:
+        return nn.Sequential()
+    return nn.Sequential(nn.Conv2d(in_planes, out_planes, 1, stride, bias=False), nn.BatchNorm2d(out_planes))
+
+
 class ResNetCIFAR(nn.Module):
     min_input_size = 1
 
-    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, input_size: int = 32) -> None:
-        """``input_size`` is accepted for a uniform model signature; pooling makes any size work."""
+    def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, input_size: int = 32,
+                 bottleneck: bool = False) -> None:
+        """Depth 6n+2 of basic blocks or, with ``bottleneck``, 9n+2 of bottleneck blocks. ``input_size`` is
+        accepted for a uniform model signature; pooling makes any size work."""
         super().__init__()
-        if (depth - 2) % 6 or depth < 8:
-            raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1, got {depth}")
-        n = (depth - 2) // 6
+        block, per_block = (Bottleneck, 9) if bottleneck else (BasicBlock, 6)
+        if (depth - 2) % per_block or depth < per_block + 2:
+            raise ValueError(f"CIFAR ResNet depth must be {per_block}n+2 with n >= 1 for {block.__name__} blocks, "
+                             f"got {depth}")
+        n = (depth - 2) // per_block
         self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
         stages, in_planes = [], 16
         for planes, stride in ((16, 1), (32, 2), (64, 2)):
             blocks = []
             for i in range(n):
-                blocks.append(BasicBlock(in_planes, planes, stride if i == 0 else 1))
-                in_planes = planes
+                blocks.append(block(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes * block.expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3 = stages
-        self.fc = nn.Linear(64, num_classes)
+        self.fc = nn.Linear(in_planes, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -12,7 +12,8 @@ one operand has static 8-bit mantissas, the other 0-8 bits per block from a bit-
   forward and error GEMMs (whose other operands, the activation and ``grad_output``, are 8-bit);
 - :class:`ActivationMap` gives the forward GEMM the activation at 8 bits and keeps, for the
   weight-gradient GEMM, the activation quantized by its map as int8 codes and one step per block
-  (``grad_output`` is 8-bit there);
+  (``grad_output`` is 8-bit there); with ``in_forward`` the forward GEMM takes the mapped activation too
+  (DYNASTY's ``act_map: forward``);
 - :class:`Sensitivity` is the backward observer (:class:`~qtrain.quant.layers.OperandQuantizers`)
   that adds each block's eq. 1 sensitivity ``S_i = (2^e_i)^2 / 16 * sum_j g_ij^2`` to the operand's
   accumulator, with ``g`` the gradient w.r.t. the operand and ``2^e_i = 2^(E+1)`` the block's range
@@ -106,14 +107,20 @@ class WeightMap(BlockMapped):
 
 
 class ActivationMap(BlockMapped):
-    """The activation at 8 bits for the forward GEMM, and by its map for the weight-gradient GEMM.
+    """The activation at 8 bits for the forward GEMM (by its map with ``in_forward``), and by its map for the
+    weight-gradient GEMM.
 
     ``batch_size`` (set before the first training step) sizes the map for a full batch; ``dims`` starts with
-    the batch (0), so the blocks of the first samples come first in the map.
+    the batch (0), so the blocks of the first samples come first in the map. The map covers the rows of a
+    training batch, so a forward without gradients (evaluation) takes the activation at 8 bits either way.
     """
 
     batch_size: int = 0
     sample_shape: tuple[int, ...] | None = None  # of the samples the map was made for (set by the first batch)
+
+    def __init__(self, rounding: Rounding, initial_bits: int, dims: Dims = WEIGHT_DIMS, in_forward: bool = False) -> None:
+        super().__init__(rounding, initial_bits, dims)
+        self.in_forward = in_forward
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         return formats.block_floating_point(x, STATIC_BITS, self.rounding, BLOCK, self.dims)
@@ -131,8 +138,11 @@ class ActivationMap(BlockMapped):
             raise ValueError(f"samples of shape {sample_shape} do not fit the activation map made for {self.sample_shape}")
         self.sample_shape, self.last_rows = sample_shape, rows
         kept, max_abs = formats.tile_codes(x, self.map[:rows], self.rounding, BLOCK, self.dims)
+        saved = (*kept, *block_ranges(max_abs))
+        if self.in_forward:  # the one mapped activation in both GEMMs (decoded from the codes the backward keeps)
+            return self.expand(saved, x.shape), saved
         static, _ = formats.tile_floating_point(x, STATIC_BITS, self.rounding, BLOCK, self.dims, max_abs)
-        return static, (*kept, *block_ranges(max_abs))
+        return static, saved
 
     def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
         """The mapped activation, from its int8 codes and the blocks' steps (or as saved, where it held NaN or inf)."""
