@@ -10,7 +10,7 @@ def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     groups = ("method: adapt, dfq, dynasty, float32, fractrain, muppet, pfq, sbm",
-              "model: alexnet, mobilenetv2, resnet18, resnet20",
+              "model: alexnet, mobilenetv2, resnet110, resnet164, resnet18, resnet20, resnet34",
               "data: cifar10", "experiment: adapt_alexnet_cifar10, adapt_alexnet_cifar100, adapt_cifar")
     for group in groups:
         assert group in result.stdout
