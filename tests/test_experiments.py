@@ -83,11 +83,12 @@ def test_fractrain_experiments_follow_the_paper_schedule(experiment):
     assert list(cfg.method.manual_epochs) == ([40, 80, 120] if experiment == "fractrain_manual_pfq" else [])
 
 
-def test_fractrain_table6_trains_fractrain_on_resnet110_with_the_cifar_options():
+def test_fractrain_table6_trains_fractrain_on_resnet110_with_the_released_scripts_options():
     cfg = make_config("experiment=fractrain_table6")
     assert (cfg.method.name, cfg.model.name, cfg.data.name) == ("fractrain", "resnet110", "cifar10")
     assert list(cfg.method.cp_schedule) == [1.5, 2.0, 2.5, 3.0] and cfg.method.weight_bits == 4
-    assert [list(o) for o in cfg.method.options] == [[0, 0], [2, 6], [3, 6], [4, 6], [4, 12], [6, 8], [6, 12]]
+    # train_frac.py's hard-coded set: the paper names none for these depths (Table 3's are for ResNet-38/74)
+    assert [list(o) for o in cfg.method.options] == [[3, 6], [4, 6], [4, 8], [6, 8], [6, 12]]
     assert make_config("experiment=fractrain_table6", "model=resnet164").method.options == cfg.method.options
 
 
@@ -118,7 +119,7 @@ def test_mini_shortens_the_schedule_in_proportion(experiment):
     if paper.train.epochs == 12:  # the default length: nothing to shorten (sbm_bw16_*)
         assert mini.train.epochs == 12
         return
-    assert mini.train.epochs <= 10
+    assert mini.train.epochs < paper.train.epochs
     if paper.sched.name == "multistep":  # each lr step at the same fraction of training, to within an epoch
         assert len(mini.sched.milestones) == len(paper.sched.milestones)
         for short, full in zip(mini.sched.milestones, paper.sched.milestones):

@@ -447,12 +447,12 @@ def test_why_and_commands_for_cells_of_other_tables():
     banner = missing("dynasty_table1", dynasty.loc[[("CIFAR-100 / Banner et al. / 8", "Average Bit-Width*")]])
     assert banner.group.tolist() == ["not produced by qtrain"] and "not a figure qtrain reports for sbm" in banner.why[0]
     table4 = missing("fractrain_table4", load_table("fractrain_table4")).set_index(["row", "column"])
-    assert table4.why[("ResNet-34 / SBM / FW-8 / BW-16", "MACs")] == "ResNet-34 is not a qtrain model"
-    assert "dfq_options: null" in table4.why[("ResNet-18 / FracTrain / cp=3/3.5/4/4.5", "MACs")]
-    sbm = table4.loc[("ResNet-18 / SBM / FW-8 / BW-16", "MACs")]  # no experiment of its table: the plain command, said so
-    assert sbm.group == "not run yet" and sbm.why.startswith(
-        "qtrain method=sbm model=resnet18 data=imagenet method.grad_bits=16 method.grad_weight_bits=16 ")
-    assert "no command in the header of conf/experiment/fractrain_table4.yaml makes it" in sbm.why
+    for model in ("ResNet-18", "ResNet-34"):  # the header's SBM sweep (through fractrain_imagenet) makes both
+        sbm = table4.loc[(f"{model} / SBM / FW-8 / BW-16", "MACs")]
+        assert sbm.group == "not run yet" and sbm.why.startswith("qtrain -m experiment=fractrain_imagenet method=sbm ")
+        assert f"model={model.lower().replace('-', '')} " in sbm.why
+    gated = pd.Series({"method": "dfq", "model": "alexnet", "metric": "test_acc", "row": "AlexNet / DFQ", "column": "Acc"})
+    assert "dfq_options: null" in missing("fractrain_table4", pd.DataFrame([gated])).why[0]  # no options to gate with
 
 
 def test_latex_escapes_what_latex_reads_as_commands():

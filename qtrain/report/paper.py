@@ -427,7 +427,6 @@ def _figure_is(metric: str) -> str:
 # Why qtrain produces no run for a cell of the transcribed tables whose run is not named (results/paper/README.md),
 # by what its row and column labels hold; the first that matches.
 NOT_PRODUCED = (
-    (r"(ResNet-(?:34|110|164))", "{0} is not a qtrain model"),
     (r"(WAGEUBN|DoReFa)", "{0} is not a qtrain method"),
     (r"\(range (?:low|high)\)", "the range's end that is a saving over WAGEUBN or DoReFa, not over SBM "
                                 "(neither is a qtrain method)"),
