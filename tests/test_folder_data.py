@@ -54,9 +54,9 @@ def _config(root: Path, *overrides: str):
                        "progress=false", "fused=false", *overrides)
 
 
-def _streams(data, batch_size=5, eval_batch_size=4, seed=0, rank=0, world=1, device=torch.device("cpu")):
+def _streams(data, batch_size=5, eval_batch_size=4, seed=0, rank=0, world=1, device="cpu"):
     cfg = _config(Path("."), f"train.batch_size={batch_size}", f"train.eval_batch_size={eval_batch_size}", f"seed={seed}")
-    return data.streams(cfg, device, rank, world)
+    return data.streams(cfg, torch.device(device), rank, world)
 
 
 def _all(stream, epoch=0):

@@ -37,7 +37,7 @@ def test_quantize_grad_is_identity_forward_and_quantizes_backward():
     assert torch.equal(x.grad, formats.fixed_point(g, 8, 2))
 
 
-def _conv_and_input(device: torch.device = torch.device("cpu")):
+def _conv_and_input(device: str | torch.device = "cpu"):
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=True).to(device)
     return conv, torch.randn(4, 3, 9, 9).to(device).requires_grad_()
