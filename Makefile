@@ -1,9 +1,10 @@
-# The two commands of the README: `make run` (set up, then the default job) and `make test`.
+# The two commands of the README: `make run` (set up, then the default job) and `make test`; `make gpu-check` on a
+# CUDA machine (the same setup, then scripts/gpu_check.py).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := pyproject.toml $(shell find qtrain conf results/paper -name '*.py' -o -name '*.yaml' -o -name '*.csv' 2>/dev/null)
 
-.PHONY: run test lint bench
+.PHONY: run test lint bench gpu-check
 
 # torch 2.14.1 + torchvision 0.29.1 first (pip takes them from local disk where they lie there),
 # then qtrain with its test extras, as a plain (non-editable) install.
@@ -29,3 +30,6 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_speed.py
+
+gpu-check: $(VENV)/.installed
+	$(PY) scripts/gpu_check.py

@@ -1,9 +1,11 @@
 """Speed and memory of quantized training against float32, measured in one run on this machine.
 
     python scripts/bench_speed.py [--model resnet20|transformer] [--steps 20] [--batch N] [--rounds 3] [--methods sbm pfq ...]
+                                  [--device cpu|cuda]
 
 Prints, for ResNet-20 on 32x32x3 inputs, batch 128 (``--model transformer``: the small Transformer preset on
-sequences of 64 tokens of WikiText-2's 33,278-word vocabulary, batch 16 sequences), on the CPU:
+sequences of 64 tokens of WikiText-2's 33,278-word vocabulary, batch 16 sequences), on the CPU (``--device cuda``: on
+the GPU, each step's time read after a synchronize, and its memory as the allocator's peak above what it held at rest):
 - the median time of one training step (forward, backward, optimizer) of each method divided by float32's;
   the methods take turns over ``--rounds`` rounds and each keeps the median of its rounds;
 - the peak memory of a training step (the process's high-water mark above its resident size at
@@ -106,7 +108,7 @@ def _workload(model_name: str, batch: int) -> tuple[torch.nn.Module, torch.Tenso
     return model, torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)), 50_000
 
 
-def one_method(name: str, steps: int, batch: int, model_name: str) -> dict:
+def one_method(name: str, steps: int, batch: int, model_name: str, device: torch.device) -> dict:
     """Time ``steps`` training steps of ``name`` after 3 warm-up steps; runs in its own process."""
     from hydra import compose, initialize_config_dir
 
@@ -126,7 +128,7 @@ def one_method(name: str, steps: int, batch: int, model_name: str) -> dict:
     torch.manual_seed(0)
     method = build_method(cfg.method)
     model, x, y, samples_per_epoch = _workload(model_name, batch)
-    model = method.prepare(model)
+    model, x, y = method.prepare(model.to(device)).to(device), x.to(device), y.to(device)
     sample = x[:2]
     meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))  # hardware models too, as a run
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
@@ -142,18 +144,28 @@ def one_method(name: str, steps: int, batch: int, model_name: str) -> dict:
         opt.zero_grad(set_to_none=True)
         method.after_step(info)
 
-    for _ in range(3):
-        step()
-    # Reset the high-water mark to the resident size at rest (model, optimizer state, compiled kernels):
-    # the peak above it is the memory one training step needs.
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _rss_kb("VmRSS")
-    times = []
-    for _ in range(steps):
+    def timed_step() -> float:
         start = time.perf_counter()
         step()
-        times.append(time.perf_counter() - start)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        timed_step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        times = [timed_step() for _ in range(steps)]
+        peak_mb = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    else:
+        # Reset the high-water mark to the resident size at rest (model, optimizer state, compiled kernels):
+        # the peak above it is the memory one training step needs.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _rss_kb("VmRSS")
+        times = [timed_step() for _ in range(steps)]
+        peak_mb = (_rss_kb("VmHWM") - base) / 1024
     switch_s = 0.0
     if name == "adapt":  # one round of switches of every layer, from a format reached in training
         for layer, state in method.states.items():
@@ -162,7 +174,7 @@ def one_method(name: str, steps: int, batch: int, model_name: str) -> dict:
             method._switch(layer, 1.0, info)
             switch_s += time.perf_counter() - start
     return {"step_s": statistics.median(times) + switch_s / ADAPT_SWITCH_EVERY,
-            "peak_mb": (_rss_kb("VmHWM") - base) / 1024, "cost_percent": meter.percent_of_float32(),
+            "peak_mb": peak_mb, "cost_percent": meter.percent_of_float32(),
             "switch_s": switch_s}
 
 
@@ -180,21 +192,26 @@ def _alternating_medians(fns: dict, repeats: int = 30) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def rounding_ratios() -> dict:
+def rounding_ratios(device: torch.device) -> dict:
     from qtrain.quant.formats import fixed_point
 
-    x = torch.randn(4_000_000)
-    fns = {"copy_ms": x.clone, "ours_sr_ms": lambda: fixed_point(x, 8, 4, "stochastic")}
+    x = torch.randn(4_000_000, device=device)
+
+    def synced(fn):  # a GPU call returns once queued: time it to its end
+        return (lambda: (fn(), torch.cuda.synchronize(device))) if device.type == "cuda" else fn
+
+    fns = {"copy_ms": synced(x.clone), "ours_sr_ms": synced(lambda: fixed_point(x, 8, 4, "stochastic"))}
     try:
         from qtorch.quant import fixed_point_quantize
-        fns["qtorch_sr_ms"] = lambda: fixed_point_quantize(x, 8, 4, rounding="stochastic")
+        fns["qtorch_sr_ms"] = synced(lambda: fixed_point_quantize(x, 8, 4, rounding="stochastic"))
     except ImportError:
         pass
     return _alternating_medians(fns, repeats=10 if "qtorch_sr_ms" in fns else 30)
 
 
-def _child(name: str, steps: int, batch: int, model: str, env: dict) -> dict:
-    command = [sys.executable, __file__, "--one", name, "--steps", str(steps), "--batch", str(batch), "--model", model]
+def _child(name: str, steps: int, batch: int, model: str, device: str, env: dict) -> dict:
+    command = [sys.executable, __file__, "--one", name, "--steps", str(steps), "--batch", str(batch), "--model", model,
+               "--device", device]
     proc = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -208,12 +225,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds per method (median kept)")
     parser.add_argument("--methods", nargs="+", choices=METHODS,
                         help="methods to time (float32, the reference, always runs; default: every one that applies)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
+    device = torch.device(args.device)
     transformer = args.model == "transformer"
     batch = args.batch or (16 if transformer else 128)
     if args.one:
-        print(json.dumps(one_method(args.one, args.steps, batch, args.model)))
+        print(json.dumps(one_method(args.one, args.steps, batch, args.model, device)))
         return
     applicable = TRANSFORMER_METHODS if transformer else METHODS
     refused = sorted(set(args.methods or ()) - set(applicable))
@@ -229,19 +250,20 @@ def main() -> None:
             if name in SLOW and round_:
                 continue  # the reference's K-fold execution: one short round tells its ratio
             steps = min(args.steps, 5) if name in SLOW else args.steps
-            times[name].append(_child(name, steps, batch, args.model, os.environ)["step_s"])
+            times[name].append(_child(name, steps, batch, args.model, args.device, os.environ)["step_s"])
     results = {}
     for name in methods:
         # A fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so
         # the resident size follows the live tensors and its high-water mark is the step's peak. It
         # slows allocation down, so memory is measured in a process of its own, not while timing.
-        measured = _child(name, 3, batch, args.model, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+        measured = _child(name, 3, batch, args.model, args.device, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
         results[name] = {"step_s": statistics.median(times[name]), "peak_mb": measured["peak_mb"],
                          "cost_percent": measured["cost_percent"], "switch_s": measured["switch_s"]}
     base = results["float32"]
     workload = (f"Transformer ({TRANSFORMER_PRESET} preset), batch {batch} x 64 tokens, vocabulary {WIKITEXT2_VOCAB:,}"
                 if transformer else f"ResNet-20, batch {batch}, 32x32x3")
-    print(f"{workload}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}; "
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"{workload}, {where}, torch {torch.__version__}; "
           f"median step of {args.steps} steps x {args.rounds} rounds")
     print(f"{'method':21s} {'step s':>7s} {'x float32':>9s} {'target':>7s} {'peak MB':>8s} {'x float32':>9s} "
           f"{'cost %':>7s}")
@@ -267,7 +289,7 @@ def main() -> None:
     if "adapt" in results:
         print(f"adapt: one round of switches (every layer) {results['adapt']['switch_s']:.3f} s, amortized over "
               f"{ADAPT_SWITCH_EVERY} steps in its step time")
-    sr = rounding_ratios()
+    sr = rounding_ratios(device)
     ratio = sr["ours_sr_ms"] / sr["copy_ms"]
     print(f"stochastic rounding of 4M floats: {sr['ours_sr_ms']:.2f} ms = {ratio:.2f}x a copy ({sr['copy_ms']:.2f} ms, "
           f"target <= 2x: {'met' if ratio <= 2 else 'missed'})", end="")

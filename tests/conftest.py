@@ -25,6 +25,17 @@ TINY_TEXT = ["model=transformer", "model.preset=tiny", "data=text", "data.sample
              "train.epochs=2", "train.batch_size=8", "train.eval_batch_size=4", "progress=false", "fused=false"]
 
 
+# The devices a `device` test runs on: the CPU always, CUDA when there is one (marked `cuda`: `pytest -m cuda` runs
+# only those, as `make gpu-check` does; skipped without a CUDA device).
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                   reason="no CUDA device")])]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def text_cache(tmp_path_factory):
     """The embedded text corpus is built into a folder of the test session's (the user's cache stays untouched)."""

@@ -179,3 +179,30 @@ def test_world_size_is_part_of_the_identity(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     two = identity(cfg)
     assert "world_size" not in one and first_difference(one, two) == "world_size (absent) → 2"
+
+
+def test_a_process_group_of_one_trains_as_one_process(tmp_path, monkeypatch, device):
+    """Every distributed step switched on for one rank (gloo on the CPU, nccl on CUDA: one GPU holds one NCCL rank):
+    DistributedDataParallel with unused parameters (DFQ's gates), the reductions and the buffer averaging change
+    nothing in the metrics."""
+    import torch.distributed as dist
+
+    from qtrain import distributed
+
+    overrides = [*TINY, "method=dfq", "train.epochs=1", f"device={device}"]
+    alone = run(make_config(*overrides), tmp_path / "alone")
+    monkeypatch.setattr(distributed, "active", lambda: True)
+    monkeypatch.setattr(distributed, "atexit", type("NoExit", (), {"register": staticmethod(lambda fn: None)}))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "1" if name == "WORLD_SIZE" else "0")
+    try:
+        grouped = run(make_config(*overrides), tmp_path / "grouped")
+        assert dist.get_backend() == ("nccl" if device.type == "cuda" else "gloo")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert grouped["world_size"] == 1 and grouped["final"] == alone["final"]
+    whole, one_rank = (pd.read_csv(tmp_path / d / "metrics.csv").drop(columns=list(TIMING)) for d in ("alone", "grouped"))
+    pd.testing.assert_frame_equal(whole, one_rank, check_exact=True)

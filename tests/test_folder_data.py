@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from qtrain.config import validate
-from qtrain.data import load_data
+from qtrain.data import folder, load_data
 from qtrain.data.folder import load_folder
 from qtrain.errors import ConfigError, DataError
 from qtrain.run import run
@@ -54,9 +54,9 @@ def _config(root: Path, *overrides: str):
                        "progress=false", "fused=false", *overrides)
 
 
-def _streams(data, batch_size=5, eval_batch_size=4, seed=0, rank=0, world=1):
+def _streams(data, batch_size=5, eval_batch_size=4, seed=0, rank=0, world=1, device="cpu"):
     cfg = _config(Path("."), f"train.batch_size={batch_size}", f"train.eval_batch_size={eval_batch_size}", f"seed={seed}")
-    return data.streams(cfg, torch.device("cpu"), rank, world)
+    return data.streams(cfg, torch.device(device), rank, world)
 
 
 def _all(stream, epoch=0):
@@ -95,7 +95,7 @@ def test_evaluation_transform_of_a_flat_colour_is_its_normalized_value(tree):
     assert torch.equal(test.example(3), x[:3])
 
 
-def test_the_seed_and_epoch_fix_the_batches_whatever_the_worker_count(tree):
+def test_the_seed_and_epoch_fix_the_batches_whatever_the_worker_count_and_device(tree, device, monkeypatch):
     data = _load(tree)
     train, _ = _streams(data)
     state = torch.get_rng_state()
@@ -105,8 +105,18 @@ def test_the_seed_and_epoch_fix_the_batches_whatever_the_worker_count(tree):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
     for other in (_all(train, 1), _all(_streams(data, seed=1)[0], 0)):
         assert not torch.equal(torch.cat([x for x, _ in first]), torch.cat([x for x, _ in other]))
-    two_workers = _all(_streams(_load(tree, workers=2))[0], 0)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, two_workers))
+    pinned = []
+
+    class Recorded(folder.DataLoader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pinned.append(self.pin_memory)
+
+    monkeypatch.setattr(folder, "DataLoader", Recorded)
+    two_workers = _all(_streams(_load(tree, workers=2), device=device)[0], 0)
+    assert pinned == [device.type == "cuda"]  # page-locked host batches, copied to the GPU without blocking
+    assert all(x.device.type == y.device.type == device.type for x, y in two_workers)
+    assert all(torch.equal(a[0], b[0].cpu()) and torch.equal(a[1], b[1].cpu()) for a, b in zip(first, two_workers))
 
 
 def test_each_epoch_crops_and_flips_an_image_anew(tmp_path):

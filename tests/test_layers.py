@@ -37,10 +37,10 @@ def test_quantize_grad_is_identity_forward_and_quantizes_backward():
     assert torch.equal(x.grad, formats.fixed_point(g, 8, 2))
 
 
-def _conv_and_input():
+def _conv_and_input(device: str | torch.device = "cpu"):
     torch.manual_seed(0)
-    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=True)
-    return conv, torch.randn(4, 3, 9, 9, requires_grad=True)
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=True).to(device)
+    return conv, torch.randn(4, 3, 9, 9).to(device).requires_grad_()
 
 
 def _swap(model, quant):
@@ -64,8 +64,8 @@ def test_unquantized_qconv_equals_torch_conv():
 
 
 @pytest.mark.parametrize("quantize_act", [True, False])
-def test_quantized_conv_forward_and_backward_match_hand_composition(quantize_act):
-    conv, x = _conv_and_input()
+def test_quantized_conv_forward_and_backward_match_hand_composition(quantize_act, device):
+    conv, x = _conv_and_input(device)
     fp = lambda t: formats.fixed_point(t, 8, 4, "nearest")  # noqa: E731
     act = FixedPoint(8, 4, "nearest") if quantize_act else None
     quant = OperandQuantizers(weight=FixedPoint(8, 4, "nearest"), act=act, grad=Halve())
@@ -84,12 +84,13 @@ def test_quantized_conv_forward_and_backward_match_hand_composition(quantize_act
 
 
 @pytest.mark.parametrize("kind", ["conv", "linear"])
-def test_bifurcated_gradient_paths(kind):
+def test_bifurcated_gradient_paths(kind, device):
     torch.manual_seed(1)
     if kind == "conv":
-        layer, x = nn.Conv2d(3, 4, 3, padding=1), torch.randn(2, 3, 5, 5, requires_grad=True)
+        layer, x = nn.Conv2d(3, 4, 3, padding=1), torch.randn(2, 3, 5, 5)
     else:
-        layer, x = nn.Linear(6, 4), torch.randn(3, 2, 6, requires_grad=True)
+        layer, x = nn.Linear(6, 4), torch.randn(3, 2, 6)
+    layer, x = layer.to(device), x.to(device).requires_grad_()
     err = lambda g: formats.fixed_point(g, 4, 1)  # noqa: E731 - coarse: visibly different from grad_weight's
     quant = OperandQuantizers(grad=FixedPoint(4, 1, "nearest"), grad_weight=FixedPoint(16, 10, "nearest"))
     model = _swap(nn.Sequential(layer), quant)
@@ -121,9 +122,9 @@ def test_swap_layers_replaces_only_selected_layers_and_shares_parameters():
     assert model(torch.randn(2, 1, 3, 3)).shape == (2, 1)
 
 
-def test_quantized_activation_is_saved_as_one_byte_codes():
-    conv, x = _conv_and_input()
-    model = _swap(nn.Sequential(conv), OperandQuantizers(act=RangeLinear(8, "tensor", "nearest")))
+def test_quantized_activation_is_saved_as_one_byte_codes(device):
+    conv, x = _conv_and_input(device)
+    model = _swap(nn.Sequential(conv), OperandQuantizers(act=RangeLinear(8, "tensor", "nearest"))).to(device)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = model(x)

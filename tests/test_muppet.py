@@ -231,10 +231,10 @@ def test_muppet_run_switches_word_length_on_a_diversity_drop(tmp_path):
     (lambda: FixedPoint(8, 4), torch.int8),
     (lambda: FixedPoint(12, 9, clamp_grad_zero=True), torch.int16),
 ])
-def test_fixed_point_activations_are_saved_as_codes_and_come_back_exactly(quantizer, dtype):
+def test_fixed_point_activations_are_saved_as_codes_and_come_back_exactly(quantizer, dtype, device):
     torch.manual_seed(0)
-    q = quantizer().train()
-    x = 3 * torch.randn(4, 8, 5, 5)
+    q = quantizer().to(device).train()
+    x = 3 * torch.randn(4, 8, 5, 5, device=device)
     state = torch.get_rng_state()
     out, saved = q.compact(x)
     assert saved[0].dtype == dtype and torch.equal(q.expand(saved, x.shape), out)

@@ -227,7 +227,8 @@ FORMAT_CALLS = {
     "fixed": lambda x, r: formats.fixed_point(x, 8, 4, r),
     "fixed-noclamp": lambda x, r: formats.fixed_point(x, 16, 10, r, symmetric=True, clamp=False),
     "fixed-mask": lambda x, r: formats.fixed_point_with_mask(x, 6, 2, r),
-    "range": lambda x, r: formats.range_linear(x, 8, torch.full((1, 1), -2.0), torch.full((1, 1), 3.0), r),
+    "range": lambda x, r: formats.range_linear(x, 8, torch.full((1, 1), -2.0, device=x.device),
+                                               torch.full((1, 1), 3.0, device=x.device), r),
     "range-tensor": lambda x, r: formats.range_linear_from_data(x, 8, "tensor", r),
     "range-channel": lambda x, r: formats.range_linear_from_data(x, 4, "channel", r),
     "range-codes": lambda x, r: formats.range_linear_codes(x, 8, "sample_mean", r),
@@ -251,8 +252,8 @@ def _flat(result) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("name", FORMAT_CALLS)
 @pytest.mark.parametrize("mode", ["nearest", "stochastic"])
-def test_fused_kernels_match_eager_bit_for_bit(name, mode):
-    x = _edge_data()
+def test_fused_kernels_match_eager_bit_for_bit(name, mode, device):
+    x = _edge_data().to(device)
     results = []
     for fused in (False, True):
         rounding.set_fused(fused)

@@ -84,8 +84,8 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     # a language model: token batches, quantized attention, perplexity, a stage switch after epoch 1
     [*TINY_TEXT, "method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
 ])
-def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method):
-    overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]"]
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method, device):
+    overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]", f"device={device}"]
     run(make_config(*overrides), tmp_path / "whole")
 
     original = Trainer.train_epoch

@@ -94,14 +94,14 @@ def test_sbm_learns_the_synthetic_task(tmp_path):
 
 
 @pytest.mark.parametrize("bits,saved_dtype", [(2, torch.uint8), (12, torch.int16), (16, torch.float32)])
-def test_activation_codes_take_the_smallest_dtype_and_train(tmp_path, bits, saved_dtype):
+def test_activation_codes_take_the_smallest_dtype_and_train(tmp_path, bits, saved_dtype, device):
     _, model = prepared("sbm", f"method.act_bits={bits}")
-    layer = model.layer1[0].conv2
+    layer = model.layer1[0].conv2.to(device)
     saved = []
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        layer(torch.randn(4, 16, 8, 8))
-    assert any(t.dtype == saved_dtype and t.numel() == 4 * 16 * 8 * 8 for t in saved)
-    summary = run(make_config(*TINY, f"method.act_bits={bits}", "train.epochs=1"), tmp_path)
+        layer(torch.randn(4, 16, 8, 8, device=device))
+    assert any(t.dtype == saved_dtype and t.numel() == 4 * 16 * 8 * 8 and t.device.type == device.type for t in saved)
+    summary = run(make_config(*TINY, f"method.act_bits={bits}", "train.epochs=1", f"device={device}"), tmp_path)
     assert summary["status"] == "completed"
     assert summary["cost"]["percent_of_float32"] == pytest.approx(100 * (bits * 8 + 64 + bits * 8) / 3 / 1024)

@@ -1,0 +1,148 @@
+"""One command on a GPU (``make gpu-check``): the CUDA tests, every method on CUDA against the same run on the CPU,
+and the speed benchmark on the GPU, summed up in one markdown table.
+
+    python scripts/gpu_check.py [--device cuda|cpu] [--parts tests runs bench] [--out gpu_check.md] [--fused]
+
+Without a CUDA device it says so in one line and exits 2. ``--device cpu`` is a dry run of the same logic: the
+"CUDA" side of every comparison runs on the CPU too, so every metric must come out equal (tests/test_gpu_check.py).
+
+The runs: 2 epochs of ResNet-20 on 256 synthetic 8x8 images, batch 64, eager quantizers (``--fused``: the compiled
+ones). The stochastic rounding draws (keyed from the CPU generator, a hash of the element index) are the same on
+both devices, but cuDNN/cuBLAS sum products in other orders than the CPU kernels (and cuDNN convolutions may take
+TF32), so on different devices the losses are compared within a tolerance, and a rounding boundary crossed on one
+side only may move a data-driven precision decision. Where no decision reads a value (float32, SBM) the cost and
+the precision record must be equal. Exit status: 0 when every check passed, 1 when one failed, 2 without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("float32", "sbm", "muppet", "adapt", "dynasty", "pfq", "dfq", "fractrain")
+PARTS = ("tests", "runs", "bench")
+RUN = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=false"]
+FIXED_PRECISION = {"float32", "sbm"}  # no precision decision reads a value: cost and precision record equal anywhere
+LOSS_RTOL = {"float32": 0.01}  # others: DEFAULT_LOSS_RTOL (quantization turns a small difference into a rounding step)
+DEFAULT_LOSS_RTOL = 0.05
+ACC_ATOL = 0.05
+TIMEOUT_S = {"tests": 240, "runs": 240, "bench": 180}  # the parts' budgets: under 10 minutes together
+
+
+def _run_dir_metrics(run_dir: Path) -> dict:
+    """A finished run's per-epoch metrics (wall times dropped), precision record and summary."""
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    return {"metrics": metrics.drop(columns=[c for c in metrics.columns if c.endswith("seconds")]),
+            "precision": pd.read_csv(run_dir / "precision.csv"),
+            "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def train(method: str, device: str, out: Path, fused: bool) -> dict:
+    """One short run of ``method`` on ``device`` through the qtrain entry point, in ``out/<method>-<device>``."""
+    run_dir = out / f"{method}-{device}"
+    command = [str(Path(sys.executable).with_name("qtrain")), *RUN, f"method={method}", f"device={device}",
+               f"fused={str(fused).lower()}", "force=true", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S["runs"])
+    if proc.returncode:
+        raise RuntimeError((proc.stderr or proc.stdout).strip().splitlines()[-1])
+    return _run_dir_metrics(run_dir)
+
+
+def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str]:
+    """Whether run ``a`` (the device under test) agrees with run ``b`` (the CPU), and how they were compared."""
+    loss_a, loss_b = a["metrics"]["train_loss"], b["metrics"]["train_loss"]
+    cost_a, cost_b = (r["summary"]["cost"]["percent_of_float32"] for r in (a, b))
+    acc_a, acc_b = (r["summary"]["final"]["test_acc"] for r in (a, b))
+    facts = (f"loss {loss_a.iloc[-1]:.5f} / {loss_b.iloc[-1]:.5f}, acc {acc_a:.3f} / {acc_b:.3f}, "
+             f"cost % {cost_a:.3f} / {cost_b:.3f}")
+    if same_device:
+        equal = a["metrics"].equals(b["metrics"]) and a["precision"].equals(b["precision"]) and cost_a == cost_b
+        return equal, f"{facts}; same arithmetic: every metric equal"
+    rtol = LOSS_RTOL.get(method, DEFAULT_LOSS_RTOL)
+    worst = ((loss_a - loss_b).abs() / loss_b.abs()).max()
+    ok = bool(worst <= rtol) and abs(acc_a - acc_b) <= ACC_ATOL
+    how = f"other reduction order: loss within {rtol:g} relative (worst {worst:.2g}), acc within {ACC_ATOL:g}"
+    precision_equal = a["precision"].equals(b["precision"]) and cost_a == cost_b
+    if method in FIXED_PRECISION:
+        ok = ok and precision_equal
+        how += "; cost and precision record equal" + ("" if precision_equal else " (they differ)")
+    else:
+        how += f"; precision decisions read values: record {'equal' if precision_equal else 'differs (reported only)'}"
+    return ok, f"{facts}; {how}"
+
+
+def run_tests(device: str) -> tuple[bool, str]:
+    """The tests marked ``cuda`` (on the CPU every one of them skips)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=TIMEOUT_S["tests"])
+    last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+    return proc.returncode == 0 or (device == "cpu" and proc.returncode == 5), last
+
+
+def run_bench(device: str) -> tuple[bool, str, str]:
+    """The speed benchmark on ``device``: whether it ran, its targets met and missed, and its printout."""
+    command = [sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--device", device, "--rounds", "3"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S["bench"])
+    text = proc.stdout + (proc.stderr if proc.returncode else "")
+    verdicts = [line.split()[3] for line in proc.stdout.splitlines() if len(line.split()) == 7]
+    return proc.returncode == 0, f"targets met {verdicts.count('met')}, missed {verdicts.count('missed')}", text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="the device under test (cpu: a dry run, every comparison CPU against CPU)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--out", type=Path, default=ROOT / "gpu_check.md", help="the markdown table's file")
+    parser.add_argument("--fused", action="store_true", help="the runs with compiled quantizer kernels (fused=true)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device is available here (torch.cuda.is_available() is False); nothing was checked")
+        return 2
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run: CPU against CPU)"
+    rows: list[tuple[str, str, bool, str]] = []
+    bench_text = ""
+    if "tests" in args.parts:
+        rows.append(("tests", "pytest -m cuda", *run_tests(args.device)))
+    if "runs" in args.parts:
+        with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:
+            out = Path(tmp)
+            # the device under test and the CPU side by side (in a dry run the second CPU run goes to its own folder)
+            other = "cpu-ref" if args.device == "cpu" else "cpu"
+            for method in args.methods:
+                tested = pool.submit(train, method, args.device, out, args.fused)
+                reference = pool.submit(train, method, "cpu", out / other, args.fused)
+                try:
+                    ok, detail = compare(method, tested.result(), reference.result(), args.device == "cpu")
+                except (RuntimeError, subprocess.TimeoutExpired, OSError) as err:
+                    ok, detail = False, f"did not finish: {err}"
+                rows.append(("run", method, ok, detail))
+    if "bench" in args.parts:
+        try:
+            ok, detail, bench_text = run_bench(args.device)
+        except subprocess.TimeoutExpired:
+            ok, detail = False, f"ran past {TIMEOUT_S['bench']} s"
+        rows.append(("bench", "scripts/bench_speed.py", ok, detail))
+    table = "\n".join([f"gpu-check on {where}, torch {torch.__version__}", "",
+                       "| part | what | result | detail |", "|---|---|---|---|",
+                       *[f"| {part} | {what} | {'pass' if ok else 'FAIL'} | {detail} |" for part, what, ok, detail in rows]])
+    if bench_text:
+        table += f"\n\nThe benchmark's printout:\n\n```\n{bench_text.strip()}\n```"
+    print(table)
+    args.out.write_text(table + "\n")
+    print(f"\nwritten to {args.out}")
+    return 0 if all(ok for _, _, ok, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

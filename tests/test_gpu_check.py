@@ -1,0 +1,56 @@
+"""scripts/gpu_check.py's machinery, run here on the CPU: the dry run compares a real run against itself, the
+comparison fails what it should, and without CUDA the check refuses in one line."""
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+
+
+def test_the_dry_run_trains_on_both_sides_and_finds_every_metric_equal(tmp_path, capsys):
+    out = tmp_path / "table.md"
+    assert gpu_check.main(["--device", "cpu", "--parts", "runs", "--methods", "sbm", "--out", str(out)]) == 0
+    table = out.read_text()
+    assert table in capsys.readouterr().out
+    row, = [line for line in table.splitlines() if line.startswith("| run |")]
+    assert row.startswith("| run | sbm | pass |") and "every metric equal" in row
+
+
+def _result(losses, cost=6.25, acc=0.9, bits=8):
+    return {"metrics": pd.DataFrame({"epoch": range(len(losses)), "train_loss": losses}),
+            "precision": pd.DataFrame({"epoch": range(len(losses)), "bits": [bits] * len(losses)}),
+            "summary": {"cost": {"percent_of_float32": cost}, "final": {"test_acc": acc}}}
+
+
+def test_the_comparison_holds_each_side_to_its_rule():
+    base = _result([1.0, 0.5])
+    assert gpu_check.compare("sbm", base, _result([1.0, 0.5]), same_device=True)[0]
+    assert not gpu_check.compare("sbm", base, _result([1.0, 0.5 + 2**-20]), same_device=True)[0]  # equal means equal
+    assert gpu_check.compare("sbm", _result([1.0, 0.52]), base, same_device=False)[0]  # 4 % < 5 %
+    assert not gpu_check.compare("sbm", _result([1.0, 0.53]), base, same_device=False)[0]  # 6 %
+    assert not gpu_check.compare("float32", _result([1.0, 0.51]), base, same_device=False)[0]  # 2 % > 1 %
+    assert not gpu_check.compare("sbm", _result([1.0, 0.5], acc=0.84), base, same_device=False)[0]
+    # a fixed precision must cost the same on any device; a data-driven one is reported, not failed
+    assert not gpu_check.compare("sbm", _result([1.0, 0.5], cost=6.3), base, same_device=False)[0]
+    ok, detail = gpu_check.compare("pfq", _result([1.0, 0.5], bits=4), base, same_device=False)
+    assert ok and "differs (reported only)" in detail
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--out", str(tmp_path / "t.md")]) == 2
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1
+    assert not (tmp_path / "t.md").exists()
+
+
+@pytest.mark.parametrize("argv", [["--device", "tpu"], ["--parts", "all"], ["--methods", "sgd"]])
+def test_unknown_choices_are_refused(argv):
+    with pytest.raises(SystemExit):
+        gpu_check.main(argv)
