@@ -1,5 +1,6 @@
 """The Transformer language model: causal attention, its GEMMs' MACs, quantized attention, perplexity."""
 
+import logging
 import math
 
 import pandas as pd
@@ -174,6 +175,25 @@ def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, meth
     scores = cost.loc["blocks.0.attention.scores"]
     assert scores.macs_per_sample == 16 * 16 * 32  # T^2 * d_model of the tiny preset
     assert (scores.percent_of_float32 < 100) == attention_quantized
+
+
+def test_a_character_level_corpus_reports_bits_per_character_and_a_word_level_one_does_not(tmp_path, caplog):
+    from qtrain.run import run
+
+    with caplog.at_level(logging.INFO, logger="qtrain"):
+        summary = run(make_config(*TINY_TEXT, "data.level=char", "method=float32"), tmp_path / "char")
+    metrics = pd.read_csv(tmp_path / "char" / "metrics.csv")
+    for split in ("train", "test"):  # bits per character: log2 of the perplexity per character
+        assert metrics[f"{split}_bpc"].tolist() == pytest.approx([math.log2(p) for p in metrics[f"{split}_ppl"]])
+        assert summary["final"][f"{split}_bpc"] == pytest.approx(metrics[f"{split}_bpc"].iloc[-1])
+    assert 0 < summary["final"]["test_bpc"] < math.log2(summary["data_sizes"]["vocab_size"]) + 1
+    epoch_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    assert len(epoch_lines) == 2 and all(" bpc " in line for line in epoch_lines)
+    assert f"test loss {metrics.test_loss.iloc[-1]:.4f}  ppl {metrics.test_ppl.iloc[-1]:.4f}  bpc " \
+           f"{metrics.test_bpc.iloc[-1]:.4f} |" in epoch_lines[-1]
+    words = run(make_config(*TINY_TEXT, "method=float32", "train.epochs=1"), tmp_path / "word")
+    assert "test_bpc" not in words["final"]
+    assert not any(c.endswith("_bpc") for c in pd.read_csv(tmp_path / "word" / "metrics.csv").columns)
 
 
 @pytest.mark.parametrize("overrides,message", [
