@@ -177,6 +177,37 @@ def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, meth
     assert (scores.percent_of_float32 < 100) == attention_quantized
 
 
+def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_line_says_otherwise():
+    from omegaconf import OmegaConf
+
+    from qtrain.cli import conf_dir
+    from qtrain.config import check_command_line, digest, identity
+
+    def group(name: str, option: str) -> dict:
+        return OmegaConf.to_container(OmegaConf.load(conf_dir() / name / f"{option}.yaml"))
+
+    lm = make_config("model=transformer", "data=text")
+    assert OmegaConf.to_container(lm.optim, resolve=True) == {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.98],
+                                                               "eps": 1e-9, "weight_decay": 0.0}
+    assert OmegaConf.to_container(lm.sched, resolve=True) == {"name": "inverse_sqrt", "warmup_steps": 100}
+    base = make_config("model=transformer", "model.preset=base", "data=text")  # Vaswani's (d_model * warmup)^-0.5
+    assert base.optim.lr == pytest.approx((512 * 4000) ** -0.5, rel=0.01) and base.sched.warmup_steps == 4000
+    for chosen, name in (("optim=sgd", "optim"), ("sched=cosine", "sched"), ("sched=multistep", "sched")):
+        explicit = make_config("model=transformer", "data=text", chosen)
+        check_command_line(["model=transformer", "data=text", chosen], conf_dir(), multirun=False)
+        assert OmegaConf.to_container(explicit[name]) == group(name, chosen.partition("=")[2])
+        other = "sched" if name == "optim" else "optim"
+        assert explicit[other].name == lm[other].name
+    mine = make_config("model=transformer", "data=text", "optim.lr=5e-4", "sched.warmup_steps=7")
+    assert (mine.optim.lr, mine.sched.warmup_steps) == (5e-4, 7)
+    paper = make_config("experiment=fractrain_wikitext103")  # the experiment's own values stay
+    assert (paper.optim.lr, paper.sched.warmup_steps, list(paper.optim.betas)) == (7e-4, 4000, [0.9, 0.98])
+    image = make_config("model=resnet20")  # an image model keeps the image recipe, and its run identity
+    assert OmegaConf.to_container(image.optim) == group("optim", "sgd")
+    assert OmegaConf.to_container(image.sched) == group("sched", "cosine")
+    assert digest(identity(image)) == digest(identity(make_config("model=resnet20", "optim=sgd", "sched=cosine")))
+
+
 def test_a_character_level_corpus_reports_bits_per_character_and_a_word_level_one_does_not(tmp_path, caplog):
     from qtrain.run import run
 
