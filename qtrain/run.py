@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, validate
-from qtrain.cost import CostMeter, gemm_layers, operand_sizes, to_target
+from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, operand_sizes, to_target
 from qtrain.data import DATASETS, data_task, load_data
 from qtrain.data.base import Periods
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
@@ -226,6 +226,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
             "percent_of_float32": meter.percent_of_float32(),
             "savings_percent": 100.0 - meter.percent_of_float32() if f32 else 0.0,
         },
+        "float32_layers": meter.float32_layers() if progress.step else None,
         "hardware": _hardware(cfg, progress, meter),
         **({method.name: report} if report else {}),
         "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step,
@@ -403,6 +404,10 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         seed_everything(cfg.seed + 1_000_003 * rank)  # rank 0 keeps the one-process stream
     trainer.model = distributed.wrap(model, device, method.skips_layers)
     writer = distributed.is_writer()
+    kept = float32_layers_of(meter.macs, method.precision())
+    if writer and kept and len(kept) < len(meter.macs):
+        log.info("float32 layers (method %s): %s: %.1f%% of float32's cost", cfg.method.name, ", ".join(kept),
+                 100.0 * float32_share(meter.macs, kept))
     if writer:
         files.write_config(cfg, overrides)
     layers = gemm_layers(model)

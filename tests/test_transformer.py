@@ -208,6 +208,25 @@ def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_l
     assert digest(identity(image)) == digest(identity(make_config("model=resnet20", "optim=sgd", "sched=cosine")))
 
 
+@pytest.mark.parametrize("method,kept", [("pfq", ["head"]), ("sbm", []), ("pfq", [])])
+def test_a_run_states_the_layers_it_keeps_in_float32_and_their_share_of_the_cost(tmp_path, caplog, method, kept):
+    from qtrain.run import run
+
+    last = [] if kept else ["method.last_layer=quantized"]
+    with caplog.at_level(logging.INFO, logger="qtrain"):
+        summary = run(make_config(*TINY_TEXT, f"method={method}", "train.epochs=1", *last), tmp_path)
+    d, ffn, length, vocab = 32, 64, 16, summary["data_sizes"]["vocab_size"]  # the tiny preset, one block
+    # MACs a token: qkv 3d^2, out d^2, the FFN 2 d ffn, attention's two products T d each, the projection d V
+    share = d * vocab / (4 * d * d + 2 * d * ffn + 2 * length * d + d * vocab) if kept else 0.0
+    stated = summary["float32_layers"]
+    assert stated["names"] == kept and stated["share_of_float32_cost"] == pytest.approx(share)
+    cost = pd.read_csv(tmp_path / "cost.csv").set_index("layer")
+    assert stated["share_of_cost"] == pytest.approx(cost.effective_macs[kept].sum() / cost.effective_macs.sum())
+    assert all(cost.percent_of_float32[name] == pytest.approx(100) for name in kept)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("float32 layers")]
+    assert lines == ([f"float32 layers (method {method}): head: {100 * share:.1f}% of float32's cost"] if kept else [])
+
+
 def test_a_character_level_corpus_reports_bits_per_character_and_a_word_level_one_does_not(tmp_path, caplog):
     from qtrain.run import run
 
