@@ -5,7 +5,8 @@ Checks give one-line errors naming the bad value and what is allowed:
 - :func:`check_command_line` reads the command line before Hydra composes anything: group choices
   (``method=...``) must name a file in ``conf/``; every ``key=value`` must name a key of the composed
   config (an unknown key gets the nearest valid one), and its value must have the type of the key's
-  default; ``+key`` and ``~key`` are refused, since nothing in qtrain reads a key its config files lack.
+  default; ``+key`` and ``~key`` are refused, since nothing in qtrain reads a key its config files lack;
+  a key given twice is refused (Hydra would keep the last silently).
   ``hydra/launcher=...`` must name a launcher, and ``hydra.launcher.KEY=...`` one of its keys.
 - :func:`validate` checks the run-level values of a composed config (training length, batch sizes,
   device, data, optimizer, schedule). Method-specific values are checked by each method's constructor.
@@ -210,6 +211,12 @@ def _check_launcher(overrides: list[Any], conf_dir: Path) -> None:
 def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
     """Raise ConfigError for an override that names no group choice or key, or gives a value of the wrong type."""
     everything = _parse(overrides)
+    seen: dict[str, str] = {}
+    for override in everything:
+        key, text = override.key_or_group, override.input_line or override.key_or_group
+        if key in seen:
+            raise ConfigError(f"{key} is given twice ({seen[key]}, {text}): give it once")
+        seen[key] = text
     _check_launcher([o for o in everything if o.is_hydra_override()], conf_dir)
     parsed = [o for o in everything if not o.is_hydra_override()]
     for override in parsed:

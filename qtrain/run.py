@@ -48,8 +48,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, validate
-from qtrain.cost import CostMeter, gemm_layers, operand_sizes, to_target
-from qtrain.data import DATASETS, load_data
+from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, operand_sizes, to_target
+from qtrain.data import DATASETS, data_task, load_data
 from qtrain.data.base import Periods
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
@@ -203,7 +203,7 @@ def data_sizes(data: Any) -> dict[str, Any]:
 
 def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Method, status: str, device: torch.device,
               diverged: Diverged | None = None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
-    task = DATASETS[cfg.data.name]
+    task = data_task(cfg.data)
     last = progress.history[-1] if progress.history else {}
     report = method.report(progress.epoch)
     f32 = meter.float32_total()
@@ -226,6 +226,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
             "percent_of_float32": meter.percent_of_float32(),
             "savings_percent": 100.0 - meter.percent_of_float32() if f32 else 0.0,
         },
+        "float32_layers": meter.float32_layers() if progress.step else None,
         "hardware": _hardware(cfg, progress, meter),
         **({method.name: report} if report else {}),
         "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step,
@@ -403,6 +404,10 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         seed_everything(cfg.seed + 1_000_003 * rank)  # rank 0 keeps the one-process stream
     trainer.model = distributed.wrap(model, device, method.skips_layers)
     writer = distributed.is_writer()
+    kept = float32_layers_of(meter.macs, method.precision())
+    if writer and kept and len(kept) < len(meter.macs):
+        log.info("float32 layers (method %s): %s: %.1f%% of float32's cost", cfg.method.name, ", ".join(kept),
+                 100.0 * float32_share(meter.macs, kept))
     if writer:
         files.write_config(cfg, overrides)
     layers = gemm_layers(model)
@@ -426,10 +431,11 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
             **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
         })
         row = progress.history[-1]
-        score = data.task.score.removeprefix("test_")
-        log.info("epoch %d/%d  train loss %.4f  %s %.4f | test loss %.4f  %s %.4f | cost %.2f%% of float32 | %.1fs",
-                 row["epoch"], cfg.train.epochs, row["train_loss"], score, row[f"train_{score}"], row["test_loss"],
-                 score, row[f"test_{score}"], row["percent_of_float32"], row["epoch_seconds"])
+        shown = [data.task.score.removeprefix("test_"), *(["bpc"] if data.task.per_character else [])]
+        train, test = ("  ".join(f"{name} {row[f'{split}_{name}']:.4f}" for name in shown) for split in ("train", "test"))
+        log.info("epoch %d/%d  train loss %.4f  %s | test loss %.4f  %s | cost %.2f%% of float32 | %.1fs",
+                 row["epoch"], cfg.train.epochs, row["train_loss"], train, row["test_loss"], test,
+                 row["percent_of_float32"], row["epoch_seconds"])
 
     try:
         trainer.fit(end_epoch)

@@ -4,7 +4,10 @@ Both tasks train on the cross-entropy of the model's scores against integer targ
 *positions*: one per image in classification, one per token in language modelling (the output is
 ``(batch, positions, classes)`` and the target ``(batch, positions)``). Both report the loss and the
 accuracy over positions (next-token accuracy for a language model); language modelling adds the
-perplexity, ``exp`` of the mean loss per token, its headline figure (lower is better).
+perplexity, ``exp`` of the mean loss per token, its headline figure (lower is better). On a character-level
+corpus (``data.level=char``) it adds bits per character, the mean loss per token in bits (``loss / ln 2``): each
+token is one character of the text (a line's end, ``<eos>``, is its newline; ``<unk>`` stands for a character
+rarer than ``data.min_count``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class Task:
     name: str
     score: str  # the headline metric of metrics.csv and summary.json's "final"
     higher_is_better: bool
+    per_character: bool = False  # a character-level corpus: bits per character beside perplexity
 
     @staticmethod
     def loss(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -34,12 +38,15 @@ class Task:
 
     @property
     def figures(self) -> tuple[str, ...]:
-        """The metrics of each split: loss and accuracy, and perplexity for a language model."""
-        return ("loss", "acc", "ppl") if self.name == "language_model" else ("loss", "acc")
+        """The metrics of each split: loss and accuracy, perplexity for a language model, bits per character for
+        one of characters."""
+        if self.name != "language_model":
+            return ("loss", "acc")
+        return ("loss", "acc", "ppl", "bpc") if self.per_character else ("loss", "acc", "ppl")
 
     def metrics(self, prefix: str, mean_loss: float, accuracy: float) -> dict[str, float]:
         """The metrics.csv columns of one split (``prefix``: train or test), named ``<prefix>_<figure>``."""
-        values = {"loss": mean_loss, "acc": accuracy, "ppl": perplexity(mean_loss)}
+        values = {"loss": mean_loss, "acc": accuracy, "ppl": perplexity(mean_loss), "bpc": mean_loss / math.log(2)}
         return {f"{prefix}_{figure}": values[figure] for figure in self.figures}
 
     def best(self, values: list[float]) -> float | None:
@@ -59,4 +66,5 @@ def perplexity(mean_loss: float) -> float:
 
 CLASSIFICATION = Task("classification", "test_acc", higher_is_better=True)
 LANGUAGE_MODEL = Task("language_model", "test_ppl", higher_is_better=False)
+CHARACTER_MODEL = Task("language_model", "test_ppl", higher_is_better=False, per_character=True)
 TASKS = {task.name: task for task in (CLASSIFICATION, LANGUAGE_MODEL)}

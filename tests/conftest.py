@@ -72,8 +72,26 @@ def prepared(method: str, *overrides: str, model: str = "resnet20", size: int = 
     return built, built.prepare(build_model(model, in_channels=3, num_classes=10, input_size=(size, size)))
 
 
-def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the installed ``qtrain`` entry point as a user would."""
+def once(*args: str) -> list[str]:
+    """A command line with each key once: a later ``key=value`` replaces an earlier one in its place (``*TINY,
+    "train.epochs=1"``: qtrain refuses a key given twice)."""
+    where: dict[str, int] = {}
+    line: list[str] = []
+    for arg in args:
+        key, equals, _ = arg.partition("=")
+        if not equals or arg.startswith("-"):
+            line.append(arg)
+        elif key in where:
+            line[where[key]] = arg
+        else:
+            where[key] = len(line)
+            line.append(arg)
+    return line
+
+
+def run_cli(*args: str, cwd: Path, timeout: int = 300, raw: bool = False) -> subprocess.CompletedProcess:
+    """Run the installed ``qtrain`` entry point as a user would, on ``once(*args)`` (``raw``: ``args`` as given)."""
     exe = Path(sys.executable).with_name("qtrain")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    line = args if raw else once(*args)
+    return subprocess.run([str(exe), *line], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)

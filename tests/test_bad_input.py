@@ -61,6 +61,10 @@ CASES = {
     "float for an integer": (["train.epochs=2.5"], None, "train.epochs=2.5 is not allowed: it must be an integer"),
     "sweep without -m": (["seed=0,1"], None, "seed=0,1 is a sweep: add -m (--multirun) to run one job per value"),
     "unknown choice": (["optim=lbfgs"], None, "unknown optim 'lbfgs' (choose from: adam, sgd)"),
+    "a key given twice": (["seed=3", "seed=4"], None, "seed is given twice (seed=3, seed=4): give it once"),
+    "a key of TINY given twice": (["train.epochs=3", "train.epochs=4"], None,
+                                  "train.epochs is given twice (train.epochs=3, train.epochs=4): give it once"),
+    "a group given twice": (["optim=adam", "optim=sgd"], None, "optim is given twice (optim=adam, optim=sgd): give it once"),
     "a path with a space, unquoted": (["data=mnist", "data.root={tmp}/my", "data"], None,
                                       "cannot read the override 'data': missing EQUAL at '<EOF>' (a value with spaces "
                                       "must be quoted: data.root=\"... data\")"),
@@ -148,7 +152,9 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, case):
     work = tmp_path / "work"
     work.mkdir()
     before = _tree(tmp_path)
-    result = run_cli(*TINY, *(a.replace("{tmp}", str(tmp_path)) for a in args), cwd=work)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    given = {a.partition("=")[0] for a in args}  # the case's keys replace TINY's; the case's own stay as written
+    result = run_cli(*(a for a in TINY if a.partition("=")[0] not in given), *args, cwd=work, raw=True)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"qtrain: error: {message.replace('{tmp}', str(tmp_path))}"]
     assert "epoch 1" not in result.stdout

@@ -2,7 +2,7 @@
 
 import json
 
-from .conftest import TINY, make_config, run_cli
+from .conftest import TINY, make_config, once, run_cli
 from .test_data import _write_mnist
 
 
@@ -122,7 +122,7 @@ def _on_a_terminal(*args: str, cwd) -> str:
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column window
     exe = Path(sys.executable).with_name("qtrain")
-    process = subprocess.Popen([str(exe), *args], cwd=cwd, stdout=follower, stderr=follower, close_fds=True,
+    process = subprocess.Popen([str(exe), *once(*args)], cwd=cwd, stdout=follower, stderr=follower, close_fds=True,
                                env=os.environ)
     os.close(follower)
     shown = bytearray()

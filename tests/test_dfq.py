@@ -508,3 +508,28 @@ def test_paper_table_experiments_use_the_tables_option_sets(model, options):
             assert build_method(cfg.method).has_skip == (options[0] == [0, 0])
     appendix_f = [[0, 0], [2, 6], [3, 6], [4, 6], [4, 12], [6, 8], [6, 12]]  # Fig. 5's, outside the table experiments
     assert [list(p) for p in make_config("method=dfq", f"model={model}").method.options] == appendix_f
+
+
+def test_mobilenetv2_under_per_sample_execution_runs_a_sample_alone_at_1x1_on_running_statistics(monkeypatch):
+    dfq, net, meter = _prepared(model="mobilenetv2", size=8)  # CIFAR strides: 8x8 inputs reach 1x1 in the last stages
+    net.train()
+    gated = [m for m in net.modules() if isinstance(m, GatedBlock)]
+    for block in gated:  # sample 0 skips where its block can, sample 1 runs the last option: groups of one
+        low = 0 if block.skip and not block.mask_skip else int(block.skip)
+        monkeypatch.setattr(block, "choose", lambda probs, low=low: torch.tensor([low, probs.shape[1] - 1]))
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    loss, _ = _step(dfq, net, meter, x)  # torch refuses batch statistics of one value a channel
+    loss.backward()
+    assert torch.isfinite(loss) and any(block.skip and not block.mask_skip for block in gated)
+    bn = gated[-1].block.bn3
+    bn.running_mean.uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
+    bn.running_var.uniform_(0.5, 2, generator=torch.Generator().manual_seed(2))
+    mean, var = bn.running_mean.clone(), bn.running_var.clone()
+    one = torch.randn(1, bn.num_features, 1, 1)
+    expected = (one - mean.view(1, -1, 1, 1)) / torch.sqrt(var.view(1, -1, 1, 1) + bn.eps) * bn.weight.view(1, -1, 1, 1) \
+        + bn.bias.view(1, -1, 1, 1)
+    assert torch.allclose(bn(one), expected, atol=1e-6)
+    assert bn.training and torch.equal(bn.running_mean, mean) and torch.equal(bn.running_var, var)
+    two = torch.randn(2, bn.num_features, 1, 1)  # two values a channel: the batch's statistics, as before
+    assert torch.allclose(bn(two), F.batch_norm(two, None, None, bn.weight, bn.bias, True, 0.0, bn.eps), atol=1e-5)
+    assert not torch.equal(bn.running_mean, mean)

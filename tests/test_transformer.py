@@ -1,5 +1,6 @@
 """The Transformer language model: causal attention, its GEMMs' MACs, quantized attention, perplexity."""
 
+import logging
 import math
 
 import pandas as pd
@@ -174,6 +175,75 @@ def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, meth
     scores = cost.loc["blocks.0.attention.scores"]
     assert scores.macs_per_sample == 16 * 16 * 32  # T^2 * d_model of the tiny preset
     assert (scores.percent_of_float32 < 100) == attention_quantized
+
+
+def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_line_says_otherwise():
+    from omegaconf import OmegaConf
+
+    from qtrain.cli import conf_dir
+    from qtrain.config import check_command_line, digest, identity
+
+    def group(name: str, option: str) -> dict:
+        return OmegaConf.to_container(OmegaConf.load(conf_dir() / name / f"{option}.yaml"))
+
+    lm = make_config("model=transformer", "data=text")
+    assert OmegaConf.to_container(lm.optim, resolve=True) == {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.98],
+                                                               "eps": 1e-9, "weight_decay": 0.0}
+    assert OmegaConf.to_container(lm.sched, resolve=True) == {"name": "inverse_sqrt", "warmup_steps": 100}
+    base = make_config("model=transformer", "model.preset=base", "data=text")  # Vaswani's (d_model * warmup)^-0.5
+    assert base.optim.lr == pytest.approx((512 * 4000) ** -0.5, rel=0.01) and base.sched.warmup_steps == 4000
+    for chosen, name in (("optim=sgd", "optim"), ("sched=cosine", "sched"), ("sched=multistep", "sched")):
+        explicit = make_config("model=transformer", "data=text", chosen)
+        check_command_line(["model=transformer", "data=text", chosen], conf_dir(), multirun=False)
+        assert OmegaConf.to_container(explicit[name]) == group(name, chosen.partition("=")[2])
+        other = "sched" if name == "optim" else "optim"
+        assert explicit[other].name == lm[other].name
+    mine = make_config("model=transformer", "data=text", "optim.lr=5e-4", "sched.warmup_steps=7")
+    assert (mine.optim.lr, mine.sched.warmup_steps) == (5e-4, 7)
+    paper = make_config("experiment=fractrain_wikitext103")  # the experiment's own values stay
+    assert (paper.optim.lr, paper.sched.warmup_steps, list(paper.optim.betas)) == (7e-4, 4000, [0.9, 0.98])
+    image = make_config("model=resnet20")  # an image model keeps the image recipe, and its run identity
+    assert OmegaConf.to_container(image.optim) == group("optim", "sgd")
+    assert OmegaConf.to_container(image.sched) == group("sched", "cosine")
+    assert digest(identity(image)) == digest(identity(make_config("model=resnet20", "optim=sgd", "sched=cosine")))
+
+
+@pytest.mark.parametrize("method,kept", [("pfq", ["head"]), ("sbm", []), ("pfq", [])])
+def test_a_run_states_the_layers_it_keeps_in_float32_and_their_share_of_the_cost(tmp_path, caplog, method, kept):
+    from qtrain.run import run
+
+    last = [] if kept else ["method.last_layer=quantized"]
+    with caplog.at_level(logging.INFO, logger="qtrain"):
+        summary = run(make_config(*TINY_TEXT, f"method={method}", "train.epochs=1", *last), tmp_path)
+    d, ffn, length, vocab = 32, 64, 16, summary["data_sizes"]["vocab_size"]  # the tiny preset, one block
+    # MACs a token: qkv 3d^2, out d^2, the FFN 2 d ffn, attention's two products T d each, the projection d V
+    share = d * vocab / (4 * d * d + 2 * d * ffn + 2 * length * d + d * vocab) if kept else 0.0
+    stated = summary["float32_layers"]
+    assert stated["names"] == kept and stated["share_of_float32_cost"] == pytest.approx(share)
+    cost = pd.read_csv(tmp_path / "cost.csv").set_index("layer")
+    assert stated["share_of_cost"] == pytest.approx(cost.effective_macs[kept].sum() / cost.effective_macs.sum())
+    assert all(cost.percent_of_float32[name] == pytest.approx(100) for name in kept)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("float32 layers")]
+    assert lines == ([f"float32 layers (method {method}): head: {100 * share:.1f}% of float32's cost"] if kept else [])
+
+
+def test_a_character_level_corpus_reports_bits_per_character_and_a_word_level_one_does_not(tmp_path, caplog):
+    from qtrain.run import run
+
+    with caplog.at_level(logging.INFO, logger="qtrain"):
+        summary = run(make_config(*TINY_TEXT, "data.level=char", "method=float32"), tmp_path / "char")
+    metrics = pd.read_csv(tmp_path / "char" / "metrics.csv")
+    for split in ("train", "test"):  # bits per character: log2 of the perplexity per character
+        assert metrics[f"{split}_bpc"].tolist() == pytest.approx([math.log2(p) for p in metrics[f"{split}_ppl"]])
+        assert summary["final"][f"{split}_bpc"] == pytest.approx(metrics[f"{split}_bpc"].iloc[-1])
+    assert 0 < summary["final"]["test_bpc"] < math.log2(summary["data_sizes"]["vocab_size"]) + 1
+    epoch_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    assert len(epoch_lines) == 2 and all(" bpc " in line for line in epoch_lines)
+    assert f"test loss {metrics.test_loss.iloc[-1]:.4f}  ppl {metrics.test_ppl.iloc[-1]:.4f}  bpc " \
+           f"{metrics.test_bpc.iloc[-1]:.4f} |" in epoch_lines[-1]
+    words = run(make_config(*TINY_TEXT, "method=float32", "train.epochs=1"), tmp_path / "word")
+    assert "test_bpc" not in words["final"]
+    assert not any(c.endswith("_bpc") for c in pd.read_csv(tmp_path / "word" / "metrics.csv").columns)
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -15,7 +15,9 @@ rank's charges since the last merge, so the totals count every sample once, as o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -24,6 +26,17 @@ from qtrain.cost.profile import OperandSizes
 from qtrain.precision import PrecisionRecord
 
 GEMMS = ("forward", "backward_input", "backward_weight")
+
+
+def float32_layers_of(macs: dict[str, int], record: PrecisionRecord) -> list[str]:
+    """The layers that ``record`` leaves in float32: absent from it, or at 32 bits in all three GEMMs."""
+    return [name for name in macs if name not in record or record[name].gemm_fractions == (1.0, 1.0, 1.0)]
+
+
+def float32_share(macs: dict[str, int], names: list[str]) -> float:
+    """The share of a float32 step's cost (its MACs) that the layers ``names`` take."""
+    total = sum(macs.values())
+    return sum(macs[name] for name in names) / total if total else 0.0
 
 
 class CostMeter:
@@ -77,6 +90,19 @@ class CostMeter:
     def percent_of_float32(self) -> float:
         f32 = self.float32_total()
         return 100.0 * self.total() / f32 if f32 else 0.0
+
+    def layer_fractions(self) -> dict[str, float]:
+        """Each layer's cost so far relative to float32's for the same samples (1.0: float32 throughout)."""
+        return {name: sum(self.effective[name]) / (3.0 * self.samples * macs) if self.samples * macs else 1.0
+                for name, macs in self.macs.items()}
+
+    def float32_layers(self) -> dict[str, Any]:
+        """The layers that ran in float32 throughout, their share of float32's cost (of a step's MACs) and of the
+        run's cost so far."""
+        names = [name for name, fraction in self.layer_fractions().items() if math.isclose(fraction, 1.0)]
+        total = self.total()
+        return {"names": names, "share_of_float32_cost": float32_share(self.macs, names),
+                "share_of_cost": sum(sum(self.effective[name]) for name in names) / total if total else None}
 
     def table(self) -> pd.DataFrame:
         """Per-layer cost: MACs per sample, effective MACs of each GEMM, and % of float32."""

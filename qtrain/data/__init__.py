@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from omegaconf import DictConfig
 
 from qtrain.config import TEXT_DATASETS
@@ -13,7 +15,7 @@ from qtrain.data.subsets import take_fold, take_sample, take_subset
 from qtrain.data.text import TextData, TokenStream, first_tokens, read_corpus
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
 from qtrain.errors import ConfigError
-from qtrain.task import CLASSIFICATION, LANGUAGE_MODEL, Task
+from qtrain.task import CHARACTER_MODEL, CLASSIFICATION, LANGUAGE_MODEL, Task
 
 # Every dataset's task, known before anything is loaded (a model is checked against it in the preflight).
 DATASETS: dict[str, Task] = {
@@ -23,13 +25,22 @@ DATASETS: dict[str, Task] = {
 }
 
 
+def data_task(cfg: DictConfig) -> Task:
+    """The task of the dataset ``cfg`` (the ``data`` config group) names: a character-level corpus's adds bits per
+    character."""
+    if cfg.name in TEXT_DATASETS and cfg.level == "char":
+        return CHARACTER_MODEL
+    return DATASETS[cfg.name]
+
+
 def load_data(cfg: DictConfig) -> Data:
     """Load the dataset that ``cfg`` (the ``data`` config group) names: images with the half that ``subset`` names,
     their ``sample`` and the training parts of cross-validation ``fold`` (of ``folds``), or a corpus (the embedded
     ``text``, else files under ``root``) and its ``sample``."""
     if cfg.name in TEXT_DATASETS:
         root = pydoc_corpus() if cfg.name == "text" else cfg.root
-        return first_tokens(read_corpus(root, cfg.name, cfg.level, cfg.min_count), cfg.sample)
+        return replace(first_tokens(read_corpus(root, cfg.name, cfg.level, cfg.min_count), cfg.sample),
+                       task=data_task(cfg))
     return take_fold(take_sample(take_subset(_load(cfg), cfg.subset), cfg.sample), cfg.fold, cfg.folds)
 
 
@@ -48,4 +59,5 @@ def _load(cfg: DictConfig) -> Data:
     raise ConfigError(f"unknown dataset {name!r} (choose from: {', '.join(DATASETS)})")
 
 
-__all__ = ["BatchStream", "Data", "ImageData", "ImageSplit", "DATASETS", "Stream", "TextData", "TokenStream", "load_data"]
+__all__ = ["BatchStream", "Data", "ImageData", "ImageSplit", "DATASETS", "Stream", "TextData", "TokenStream", "data_task",
+           "load_data"]

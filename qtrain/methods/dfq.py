@@ -19,7 +19,10 @@ reference runs a block once per run option, so its block layers update their run
 a step (K run options, nearly the same batch range each time); ``per_sample`` runs them once and
 weighs the old value ``act_momentum ** K``, the same per-step decay (``mix_all`` runs K times at
 ``act_momentum``). Under ``per_sample`` a block's batch-norm statistics and activation ranges come from
-the samples that run it; in the reference every option runs on the whole batch.
+the samples that run it; in the reference every option runs on the whole batch. Where that is one sample
+at 1x1 spatial size (MobileNetV2's last stages on 8x8 inputs), a batch norm has one value a channel, whose
+statistics are undefined: it normalizes by its running statistics for that group, without updating them
+(``qtrain.methods.gates.running_statistics_for_one_value``).
 
 Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
 gated block, in units of an average gated block's float32 forward MACs: the reference code's unit

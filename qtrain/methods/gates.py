@@ -108,6 +108,29 @@ class GateController(nn.Module):
         return self.proj(self.state[0])
 
 
+def running_statistics_for_one_value(block: nn.Module) -> None:
+    """Make each batch norm of ``block`` normalize by its running statistics (and leave them as they are) when, in
+    training, it gets one value per channel: a group of one sample at 1x1 spatial size (MobileNetV2's last stages on
+    small inputs), which per_sample execution makes of a single sample that runs (or skips) a block. A batch's
+    statistics of one value are undefined (torch refuses them); larger groups keep the batch's statistics."""
+    for bn in block.modules():
+        if isinstance(bn, nn.modules.batchnorm._BatchNorm):
+            bn.register_forward_pre_hook(_running_if_one_value)
+            bn.register_forward_hook(_back_to_training)
+
+
+def _running_if_one_value(bn: nn.Module, args: tuple) -> None:
+    x = args[0]
+    if bn.training and x.numel() == x.shape[1]:
+        bn.training = False
+        bn.one_value = True
+
+
+def _back_to_training(bn: nn.Module, args: tuple, out: torch.Tensor) -> None:
+    if getattr(bn, "one_value", False):
+        bn.training, bn.one_value = True, False
+
+
 class GatedBlock(nn.Module):
     """A :class:`Block` behind its gate; option 0 is the skip when ``has_skip``, the rest run ``block``."""
 
@@ -115,6 +138,7 @@ class GatedBlock(nn.Module):
                  has_skip: bool, skip_projection: bool, execution: str) -> None:
         super().__init__()
         self.block = block
+        running_statistics_for_one_value(block)
         if width is None:
             self.embed = nn.Sequential(nn.Conv2d(in_channels, embed, 1))
         else:

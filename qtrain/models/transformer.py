@@ -16,6 +16,12 @@ activations in attention, ``scores = (Q / sqrt(d_k)) K^T`` and ``mix = softmax(s
 Presets (``model.preset``): ``base`` is Transformer-base as FracTrain's Table 2 trains it on WikiText-103
 (6 layers, d_model 512, 8 heads, FFN 2048, dropout 0.1, sequence 256); ``small`` and ``tiny`` train
 on a CPU (the WikiText-2 mini run, tests). Any size can be set on its own (``model.layers=4``).
+
+Each preset also names the peak learning rate and warm-up steps of the Transformer's default training
+(``conf/recipe``: Adam (0.9, 0.98, eps 1e-9) under ``sched=inverse_sqrt``, Vaswani et al. Sec. 5.3): ``base`` is
+FracTrain appendix D's run, (512 * 4000)^-0.5 = 7.0e-4 after 4,000 steps; ``small`` takes 1e-3 (Vaswani's
+d_model^-0.5 scaling of base's would give 1.4e-3, rounded down to Adam's usual 1e-3) after 100 steps (the
+WikiText-2 mini run's warm-up: a CPU run is a few thousand steps), and ``tiny`` the same.
 """
 
 from __future__ import annotations
@@ -33,9 +39,12 @@ from qtrain.quant.layers import MatMul
 from qtrain.task import LANGUAGE_MODEL
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "base": {"layers": 6, "d_model": 512, "heads": 8, "ffn": 2048, "dropout": 0.1, "seq_len": 256},
-    "small": {"layers": 2, "d_model": 128, "heads": 4, "ffn": 512, "dropout": 0.1, "seq_len": 64},
-    "tiny": {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "dropout": 0.0, "seq_len": 16},
+    "base": {"layers": 6, "d_model": 512, "heads": 8, "ffn": 2048, "dropout": 0.1, "seq_len": 256,
+             "lr": 7.0e-4, "warmup_steps": 4000},
+    "small": {"layers": 2, "d_model": 128, "heads": 4, "ffn": 512, "dropout": 0.1, "seq_len": 64,
+              "lr": 1.0e-3, "warmup_steps": 100},
+    "tiny": {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "dropout": 0.0, "seq_len": 16,
+             "lr": 1.0e-3, "warmup_steps": 100},
 }
 SIZES = ("layers", "d_model", "heads", "ffn", "seq_len")
 
