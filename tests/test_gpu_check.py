@@ -14,6 +14,7 @@ gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
 
+@pytest.mark.slow
 def test_the_dry_run_trains_on_both_sides_and_finds_every_metric_equal(tmp_path, capsys):
     out = tmp_path / "table.md"
     assert gpu_check.main(["--device", "cpu", "--parts", "runs", "--methods", "sbm", "--out", str(out)]) == 0
