@@ -123,6 +123,20 @@ def summary_problem(summary: Any) -> str:
     return ""
 
 
+def load_summary(path: Path) -> dict[str, Any] | None:
+    """The ``summary.json`` at ``path`` (None where there is none); ValueError saying why where it is unusable."""
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"it is not JSON ({type(err).__name__})") from None
+    problem = summary_problem(summary)
+    if problem:
+        raise ValueError(problem)
+    return summary
+
+
 class RunLock:
     """An exclusive lock on a run directory, held from :meth:`acquire` to :meth:`release` (or exit)."""
 
@@ -188,16 +202,10 @@ class RunFiles:
 
     def read_summary(self) -> dict[str, Any] | None:
         path = self.dir / SUMMARY
-        if not path.is_file():
-            return None
         try:
-            summary = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RunDirError(f"{path} is not a qtrain summary ({type(err).__name__})") from None
-        problem = summary_problem(summary)
-        if problem:
-            raise RunDirError(f"{path} is not a qtrain summary ({problem})")
-        return summary
+            return load_summary(path)
+        except ValueError as err:
+            raise RunDirError(f"{path} is not a qtrain summary ({err})") from None
 
     def write_config(self, config: DictConfig, overrides: list[str]) -> None:
         """``.hydra/config.yaml`` and ``.hydra/overrides.yaml``: the run's config and its command-line overrides."""

@@ -10,7 +10,8 @@ from qtrain.models import build_model
 from qtrain.precision import Bits, LayerPrecision
 
 
-@pytest.mark.parametrize("name,size", [("resnet20", 32), ("resnet38", 16), ("alexnet", 32), ("mobilenetv2", 32)])
+@pytest.mark.parametrize("name,size", [("resnet20", 32), ("resnet38", 16), ("alexnet", 32), ("mobilenetv2", 32),
+                                       ("resnet34", 16), ("resnet164", 8)])
 def test_profile_matches_torch_flop_counter(name, size):
     model = build_model(name, in_channels=3, num_classes=10, input_size=(size, size))
     x = torch.zeros(3, 3, size, size)
@@ -18,6 +19,7 @@ def test_profile_matches_torch_flop_counter(name, size):
     with FlopCounterMode(display=False) as counter:
         model(x)
     assert 2 * sum(macs.values()) * 3 == counter.get_total_flops()
+    assert len(macs) == sum(isinstance(m, (nn.Conv2d, nn.Linear)) for m in model.modules())
 
 
 def test_profile_of_a_small_net_by_hand():

@@ -17,7 +17,6 @@ read from the command line the run recorded in ``.hydra/overrides.yaml``; a run 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from qtrain.errors import QtrainError
-from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, summary_problem
+from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary
 
 MARKERS = (SUMMARY, CHECKPOINT, METRICS)
 
@@ -53,17 +52,10 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / SUMMARY
-    if not path.is_file():
-        return {}
     try:
-        summary = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise _Damaged(f"{SUMMARY}: it is not JSON ({type(err).__name__})") from None
-    problem = summary_problem(summary)
-    if problem:
-        raise _Damaged(f"{SUMMARY}: {problem}")
-    return summary
+        return load_summary(run_dir / SUMMARY) or {}
+    except ValueError as err:
+        raise _Damaged(f"{SUMMARY}: {err}") from None
 
 
 def _read_config(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
