@@ -1,7 +1,7 @@
 """The per-layer precision record: the single source for precision logging and the cost model.
 
 A method reports, for each quantized layer, which bits each operand of the three training GEMMs
-uses (DESIGN.md, "The method interface"). Where a layer mixes precisions within a step (per sample
+uses. Where a layer mixes precisions within a step (per sample
 or per block) the record carries each option's share, so the cost stays exact; a share that the
 options do not cover is work that was skipped (a 0-bit block), which costs nothing.
 """

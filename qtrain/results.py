@@ -1,4 +1,4 @@
-"""Run outputs (DESIGN.md, "Results"): metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt.
+"""Run outputs: metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt.
 
 Every file is written to a temporary name in the run directory and renamed over the old one, so a
 kill at any moment leaves either the previous complete file or the new complete file, never half;

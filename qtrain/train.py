@@ -1,4 +1,4 @@
-"""The one training loop (DESIGN.md, "train.py"): batches in, method hooks, cost meter, evaluation.
+"""The one training loop: batches in, method hooks, cost meter, evaluation.
 
 Per micro-batch: forward, task loss plus the method's terms, a NaN/inf check, backward, and the
 meter charged at the method's current precision. Every ``accum_steps`` micro-batches: the method

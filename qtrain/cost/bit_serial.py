@@ -1,6 +1,6 @@
-"""A bit-serial accelerator (UNPU, Lee et al. 2018/2019), the hardware DYNASTY extends (dynasty.txt Sec. 4-5).
+"""A bit-serial accelerator (UNPU, Lee et al. 2018/2019), the hardware DYNASTY extends (DYNASTY paper Sec. 4-5).
 
-Time is linear in the serial operand's bit-width (dynasty.txt Sec. 4: "linear speedup as the
+Time is linear in the serial operand's bit-width (DYNASTY paper Sec. 4: "linear speedup as the
 operation bit-width shrinks"). Figures:
 
 - UNPU (Lee et al., IEEE JSSC 54(1):173-185, 2019, abstract): 200 MHz, 345.6 GOPS peak at 16-bit

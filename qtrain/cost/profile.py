@@ -1,4 +1,4 @@
-"""Per-layer multiply-accumulate counts of a model, from one forward pass (METHODS.md, "Cost metric").
+"""Per-layer multiply-accumulate counts of a model, from one forward pass (FracTrain's computational cost).
 
 MACs are counted analytically from the shapes a forward hook sees: a convolution does
 ``C_in/groups * k_h * k_w`` MACs per output element, a linear layer ``in_features``, an LSTM cell

@@ -1,4 +1,4 @@
-"""Dataset registry: a name in the config loads the data and fixes the task (DESIGN.md, "Data")."""
+"""Dataset registry: a name in the config loads the data and fixes the task."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the trainer and the run need of a dataset, whatever its kind (DESIGN.md, "Data").
+"""What the trainer and the run need of a dataset, whatever its kind.
 
 A :class:`Data` is loaded once per run (images in memory, an image folder on disk, a token corpus) and
 knows its :class:`~qtrain.task.Task`, the sizes its model is built for, and how to cut itself into

@@ -1,4 +1,4 @@
-"""Tensor-resident image data and its batch stream (DESIGN.md, "Data").
+"""Tensor-resident image data and its batch stream.
 
 Images stay a uint8 tensor on the training device; each batch is gathered, padded, randomly
 cropped and flipped as whole-batch tensor operations, then normalized. No per-sample Python in the

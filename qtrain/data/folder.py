@@ -1,4 +1,4 @@
-"""Image folders on disk (ImageNet's layout), decoded and augmented by torchvision's DataLoader path (DESIGN.md, "Data").
+"""Image folders on disk (ImageNet's layout), decoded and augmented by torchvision's DataLoader path.
 
 ``data.root`` holds ``train/<class>/<image>`` and ``val/<class>/<image>``, any image type torchvision's
 ``ImageFolder`` reads. The classes are the sub-folders of ``train/`` in sorted order (labels 0, 1, ...);

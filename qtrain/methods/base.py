@@ -1,4 +1,4 @@
-"""The method interface (DESIGN.md, "The method interface").
+"""The method interface.
 
 A method is a precision policy: the trainer calls its hooks, and every hook defaults to doing
 nothing, so float32 is the base class itself and a new method never edits the trainer.

@@ -1,4 +1,4 @@
-"""DYNASTY: block-wise dynamic-precision training (dynasty.txt; METHODS.md, "DYNASTY"). No public code exists.
+"""DYNASTY: block-wise dynamic-precision training (the DYNASTY paper). No public code exists.
 
 Sec. 3.1 (framework): every Conv2d/Linear trains on block floating point, 4 x 4 blocks with one
 shared exponent (:mod:`qtrain.quant.block_maps`): C_out x C_in for weights, batch x C_in for

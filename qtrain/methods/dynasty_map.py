@@ -1,4 +1,4 @@
-"""DYNASTY's Adaptive Bit-Width Map Generator (dynasty.txt Sec. 3.2.2 and 3.3), as pure tensor functions.
+"""DYNASTY's Adaptive Bit-Width Map Generator (DYNASTY paper Sec. 3.2.2 and 3.3), as pure tensor functions.
 
 - :func:`relative_sensitivity`: eq. 3b, ``r_i = 1/2 log2(S_i / T_i)``;
 - :func:`bit_widths`: eq. 3a, ``b_i = max(0, min(r_i - lambda, beta))``;

@@ -4,7 +4,7 @@ PFQ steps through precision stages and FracTrain through cp targets; both advanc
 turning points of the training loss (``switch: auto``, the paper's indicator) or at given epochs
 (``switch: manual``, the appendix's Manual-PFQ).
 
-The indicator (METHODS.md): keep the losses of the current stage's last ``window`` epochs; with
+The indicator: keep the losses of the current stage's last ``window`` epochs; with
 ``L_scale`` the mean loss of the first ``scale_epochs`` epochs of training (of those seen so far,
 while fewer have passed), ``d_i = |L_i - L_now| / L_scale`` over the earlier losses of the window;
 switch when every ``d_i <= epsilon``, then ``epsilon <- epsilon * alpha`` and clear the window, so

@@ -1,6 +1,6 @@
 """SBM: 8-bit training with range-based linear quantization (Banner et al., NeurIPS 2018).
 
-METHODS.md, "SBM". Weights: per-output-channel min/max, nearest rounding. Activations (the input of
+Sec. 3 of the paper and its reference code. Weights: per-output-channel min/max, nearest rounding. Activations (the input of
 every Conv2d/Linear): per-tensor range from the batch, by default the mean over the batch of the
 per-sample min/max as in Banner's reference code (``act_range: tensor`` takes the global min/max), with
 a running average of the range for evaluation (``act_momentum``: the weight of the running value, as

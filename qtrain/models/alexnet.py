@@ -1,4 +1,4 @@
-"""The CIFAR AlexNet of the AdaPT paper and reference code (METHODS.md, "AdaPT").
+"""The CIFAR AlexNet of the AdaPT paper and reference code.
 
 conv 64 k11 s4 p5, maxpool 2; conv 192 k5 p2, maxpool 2; conv 384 k3; conv 256 k3; conv 256 k3;
 maxpool 2; linear to the classes. No batch norm. The three poolings need an input of at least

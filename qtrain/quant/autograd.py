@@ -1,4 +1,4 @@
-"""Autograd primitives of quantized training (DESIGN.md, "Quantization core"; METHODS.md, "Common ground").
+"""Autograd primitives of quantized training.
 
 - :func:`quantize_ste`: quantize in forward, pass the gradient straight through.
 - :func:`quantize_grad`: identity in forward, quantize ``grad_output`` in backward.

@@ -1,6 +1,6 @@
 """Block floating point under a per-block bit-width map, with per-block sensitivities (DYNASTY Sec. 3.1-3.2).
 
-DYNASTY (dynasty.txt Sec. 3.1) cuts every training operand into 4 x 4 blocks that share one exponent,
+DYNASTY (DYNASTY paper Sec. 3.1) cuts every training operand into 4 x 4 blocks that share one exponent,
 along C_out x C_in for weights (and their gradients; each kernel position apart) and batch x C_in for
 activations (each spatial position apart; the gradient w.r.t. a layer's output runs along batch x C_out).
 The tiled dimensions are each quantizer's ``dims``, chosen per layer by :func:`operand_dims`: a Conv2d's

@@ -1,4 +1,4 @@
-"""Number formats as pure tensor functions (DESIGN.md, "Quantization core").
+"""Number formats as pure tensor functions.
 
 - fixed point <WL, FL>: step 2^-FL, range [-2^(WL-FL-1), 2^(WL-FL-1) - 2^-FL] (QPyTorch's grid),
   optionally without clamping (``clamp=False``) or with the mask of clamped elements for a
@@ -134,7 +134,7 @@ def fixed_point_candidates(
 
 
 def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:
-    """MuPPET's scale exponent (METHODS.md, "MuPPET"; AdaPT paper Sec. 2.2) as an int32 tensor.
+    """MuPPET's scale exponent (AdaPT paper Sec. 2.2, describing MuPPET) as an int32 tensor.
 
     ``s = floor(log2(min((UB + 0.5) / max X, (LB - 0.5) / min X)))`` with ``UB = 2^(wl-1) - 1`` and
     ``LB = -2^(wl-1)``, over the finite values of ``x``: the largest power-of-two scale at which the

@@ -12,8 +12,8 @@ Nearest rounding is round-half-to-even everywhere, as torch's own casts (``x.hal
 float and block kernels add half a step to the bits and truncate (ties away from zero for floats,
 up for blocks), so tests compare with it off ties only.
 
-Stochastic rounding rounds ``t`` up with probability equal to its fractional part (METHODS.md, "Common
-ground"): ``f = floor(t)``, ``frac = t - f`` (exact in floating point), code ``f + (u < frac)`` with
+Stochastic rounding rounds ``t`` up with probability equal to its fractional part, drawn
+from a seeded generator so runs repeat: ``f = floor(t)``, ``frac = t - f`` (exact in floating point), code ``f + (u < frac)`` with
 ``u`` uniform on the 2^24 multiples of 2^-24 in [0, 1). A value on the grid (``frac = 0``) never
 moves and P(up) is ``frac`` to within 2^-24 at any magnitude of ``t``; the textbook ``floor(t + u)``
 rounds the sum before the floor once ``t`` is large, which moves values on the grid and biases P(up).
