@@ -132,9 +132,11 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     Static arguments must be keyword-only. Tensor arguments are detached and made contiguous, so a
     compiled kernel is guarded on shapes alone. The whole function must compile as one graph
     (``fullgraph``) and without contracting ``a * b + c`` into an FMA, so it gives the eager result
-    bit for bit. Where compilation fails the same function runs eagerly from then on, with a warning.
+    bit for bit. Where one kernel fails to compile, that kernel (that static signature and shape pattern)
+    runs the same function eagerly from then on, with one warning per function; its other kernels stay fused.
     """
     kernels: dict[tuple, Callable[..., Any]] = {}
+    failed: list[str] = []
 
     @functools.wraps(fn)
     def call(*tensors: torch.Tensor, **static: Any) -> Any:
@@ -151,11 +153,17 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
             kernels[signature] = torch.compile(_specialized(fn, static, shapes), dynamic=True, fullgraph=True,
                                                options={"emulate_precision_casts": True,
                                                         "cpp.threads": torch.get_num_threads()})
+        kernel = kernels[signature]
+        if kernel is fn:
+            return fn(*tensors, **static)
         try:
-            return kernels[signature](*tensors)
+            return kernel(*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
-            warnings.warn(f"torch.compile failed ({type(err).__name__}: {err}); using eager quantizers", stacklevel=2)
-            set_fused(False)
+            kernels[signature] = fn
+            if not failed:
+                warnings.warn(f"torch.compile failed for {fn.__name__} ({type(err).__name__}: {err}); that kernel "
+                              "runs eagerly from now on", stacklevel=2)
+            failed.append(shapes)
             return fn(*tensors, **static)
 
     return call
