@@ -104,8 +104,9 @@ def _bottleneck_macs(cin, planes, side_in, stride):
     return main + projection, projection
 
 
-def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand():
-    dfq, net, _ = _prepared(OPTIONS, model="resnet164")
+@pytest.mark.parametrize("charge", ["none", "projection"])
+def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand(charge):
+    dfq, net, _ = _prepared(OPTIONS, f"method.skip_charge={charge}", model="resnet164")
     assert len(dfq.blocks) == 54
     # the first block of each stage changes the shape and skips through its float32 projection
     assert [b.skip_by_projection for b in dfq.blocks] == ([True] + [False] * 17) * 3
@@ -117,7 +118,8 @@ def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand():
     float32 = 3 * sum(total for total, _ in hand)
     fractions = [0.0] + [_fractions(4, fw, bw) for fw, bw in ((2, 6), (4, 12))]
     for b, (total, projection) in enumerate(hand):
-        expected = [100 * 3 * projection / float32] + [100 * total * f / float32 for f in fractions[1:]]
+        skip = 100 * 3 * projection / float32 if charge == "projection" else 0.0  # the reference charges a skip nothing
+        expected = [skip] + [100 * total * f / float32 for f in fractions[1:]]
         assert dfq.cost_cp[b].tolist() == pytest.approx(expected, rel=1e-6)
 
 
@@ -360,6 +362,7 @@ def test_appendix_g_targets_by_hand():
     ("method.weight_bits=0", "method.weight_bits=0 is not allowed"),
     ("method.cp_scope=layer", "method.cp_scope='layer' is not allowed"),
     ("method.skip_downsample=maybe", "method.skip_downsample='maybe' is not allowed"),
+    ("method.skip_charge=half", "method.skip_charge='half' is not allowed"),
     ("model.dfq_gate.width=0", "method.gate.width=0 is not allowed"),
     ("model=alexnet", "method dfq needs a model with residual blocks"),
 ])

@@ -38,11 +38,13 @@ as the cost meter counts it). The cost meter always charges every layer, so ``pe
 the results is the whole model's.
 
 A sample that skips a shape-changing block runs its projection shortcut in float32 (SkipNet, and the
-reference's ``ds(prev, 0, 0)``; ``skip_downsample: projection``); the reference charges such a skip
-nothing, qtrain charges the float32 projection it runs. ``skip_downsample: never`` masks the skip
-option of those blocks out. Departures from the reference code: it runs every option on every sample
-and mixes them (``execution: mix_all`` here, K times the work, the reference's exact gate gradient);
-``per_sample`` (default) runs each sample once and gives the gates an estimate of that gradient
+reference's ``ds(prev, 0, 0)``; ``skip_downsample: projection``). The reference's controller charges such a
+skip nothing (``skip_charge: none``, default); ``skip_charge: projection`` makes the controller's cp and cost
+term charge the float32 projection it runs (the cost meter and ``percent_of_float32`` always do).
+``skip_downsample: never`` masks the skip option of those blocks out. Departures from the reference code: it
+runs every option on every sample and mixes them (``execution: mix_all`` here, K times the work, the
+reference's exact gate gradient); ``per_sample`` (default) runs each sample once and gives the gates an
+estimate of that gradient
 (:mod:`qtrain.methods.gates`). Option sets: the model configs' ``dfq_options`` are appendix F's, which
 it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6, 4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8,
 6/10, 8/8); FW-0/BW-0 means a skip. The reference's released CIFAR scripts (train_dfq.py,
@@ -86,6 +88,7 @@ from qtrain.quant.quantizers import RangeLinear
 EXECUTIONS = ("per_sample", "mix_all")
 CP_SCOPES = ("blocks", "model")
 SKIP_DOWNSAMPLE = ("projection", "never")
+SKIP_CHARGES = ("none", "projection")
 
 
 def parse_options(options: Any) -> list[tuple[int, int]]:
@@ -125,6 +128,7 @@ class DFQ(Method):
         check_choice(cfg, "execution", EXECUTIONS)
         check_choice(cfg, "cp_scope", CP_SCOPES)
         check_choice(cfg, "skip_downsample", SKIP_DOWNSAMPLE)
+        check_choice(cfg, "skip_charge", SKIP_CHARGES)
         check_positive(cfg, "beta")
         self.check_target()
         options = parse_options(cfg.options)
@@ -225,7 +229,8 @@ class DFQ(Method):
         rows, block_macs = [], []
         for layers, projection in zip(self.block_layers, self.skip_layers):
             row = [sum(macs[n] * sum(bits[k].gemm_fractions()) for n, bits in layers) for k in range(len(self.run_options))]
-            skip = [3.0 * macs[projection] if projection else 0.0] * self.has_skip
+            charged = projection is not None and self.cfg.skip_charge == "projection"
+            skip = [3.0 * macs[projection] if charged else 0.0] * self.has_skip
             rows.append(skip + row)
             block_macs.append(sum(macs[n] for n, _ in layers))
         costs = torch.tensor(rows, dtype=torch.float64)  # effective MACs per sample
