@@ -44,8 +44,7 @@ term charge the float32 projection it runs (the cost meter and ``percent_of_floa
 ``skip_downsample: never`` masks the skip option of those blocks out. Departures from the reference code: it
 runs every option on every sample and mixes them (``execution: mix_all`` here, K times the work, the
 reference's exact gate gradient); ``per_sample`` (default) runs each sample once and gives the gates an
-estimate of that gradient
-(:mod:`qtrain.methods.gates`). Option sets: the model configs' ``dfq_options`` are appendix F's, which
+estimate of that gradient (:mod:`qtrain.methods.gates`). Option sets: the model configs' ``dfq_options`` are appendix F's, which
 it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6, 4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8,
 6/10, 8/8); FW-0/BW-0 means a skip. The reference's released CIFAR scripts (train_dfq.py,
 train_frac.py) hard-code 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, and its Table 3 logs (an earlier copy
