@@ -386,21 +386,6 @@ def test_mobilenetv2_depthwise_convs_hold_their_activation_and_gradient_bits():
     assert model.blocks[3].conv2.quant.grad.bits == 16 and model.blocks[3].conv1.quant.grad.bits == 8
 
 
-def test_permuting_rows_has_the_gradient_of_indexing():
-    from qtrain.methods.gates import _PermuteRows
-
-    torch.manual_seed(4)
-    x = torch.randn(7, 3, 2, requires_grad=True)
-    order = torch.randperm(7)
-    g = torch.randn(7, 3, 2)
-    (x[order] * g).sum().backward()
-    expected, x.grad = x.grad.clone(), None
-    out = _PermuteRows.apply(x, order, torch.argsort(order))
-    assert torch.equal(out, x[order])
-    (out * g).sum().backward()
-    assert torch.equal(x.grad, expected)
-
-
 def _gate_gradients(block, x, choice, weight, execution):
     """One forward of ``block`` at the given per-sample options; the loss <weight, y> (so dL/dy = weight).
 
@@ -428,21 +413,77 @@ def _block_and_input(name, options, size=8):
     return block, torch.randn(6, conv1.in_channels, size, size), torch.randn(out)  # input and dL/dy
 
 
+EQUAL = "method.options=[[0,0],[4,8],[4,8]]"  # two run options at the same bits produce the same output
+
+
+@pytest.mark.parametrize("training", [True, False])  # batch statistics and ranges, or running ones
 @pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])  # a skip through the identity, through the projection
-def test_per_sample_gate_gradient_is_mix_alls_where_the_run_options_agree(name):
-    # two run options at the same bits produce the same output: the estimator is then the reference's gradient
-    block, x, weight = _block_and_input(name, "method.options=[[0,0],[4,8],[4,8]]")
-    block.eval()  # batch norm and activation ranges from running statistics: no dependence on the subset that runs
+def test_per_sample_gate_gradient_is_mix_alls_where_the_run_options_agree(name, training):
+    # where the run options agree the estimator is the reference's gradient; in training too, as both run the block
+    # over the whole batch (its batch statistics and activation range)
+    block, x, weight = _block_and_input(name, EQUAL)
+    block.train(training)
     choice = torch.tensor([0, 1, 2, 0, 2, 1])
     y, grad, _ = _gate_gradients(block, x, choice, weight, "per_sample")
     y_mix, grad_mix, _ = _gate_gradients(block, x, choice, weight, "mix_all")
-    assert torch.allclose(y, y_mix, atol=1e-5)
-    assert torch.allclose(grad, grad_mix, rtol=1e-5, atol=1e-5)  # running and skipping samples alike
+    assert torch.allclose(y, y_mix, atol=1e-6)
+    assert torch.allclose(grad, grad_mix, rtol=1e-6, atol=1e-6)  # running and skipping samples alike
     assert (grad[:, 1] - grad[:, 0]).abs().min() > 0  # the skip's A and the run options' differ on both sides
 
 
+def test_per_sample_updates_batch_norm_and_ranges_from_the_whole_batch_once():
+    block, x, weight = _block_and_input("layer1.1", EQUAL)
+    block.train()
+    conv1, bn1 = block.block.conv1, block.block.bn1
+    mean, var, tracked = bn1.running_mean.clone(), bn1.running_var.clone(), int(bn1.num_batches_tracked)
+    act = conv1.quant.act
+    old_range, momentum = act.running_range.clone(), act.momentum
+    _gate_gradients(block, x, torch.tensor([0, 1, 0, 0, 2, 0]), weight, "per_sample")  # four of six samples skip
+    # every sample at 4 bits (the skipping ones at their most probable run option: either is 4/8) over the whole
+    # batch's range, the first convolution by torch's own ops, and torch's batch norm updating copies of the buffers
+    lo, hi = x.amin().view(1, 1), x.amax().view(1, 1)
+    h = F.conv2d(formats.range_linear(x, 4, lo, hi), conv1.quantized_weight(), None, conv1.stride, conv1.padding)
+    F.batch_norm(h, mean, var, bn1.weight, bn1.bias, True, bn1.momentum, bn1.eps)
+    assert torch.allclose(bn1.running_mean, mean, atol=1e-6) and torch.allclose(bn1.running_var, var, rtol=1e-5)
+    assert int(bn1.num_batches_tracked) == tracked + 1  # one update a step
+    assert torch.allclose(act.running_range, momentum * old_range + (1 - momentum) * torch.stack([x.min(), x.max()]))
+
+
 @pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])
-def test_per_sample_gate_gradient_follows_its_closed_form_and_leaves_the_statistics_alone(name):
+def test_a_block_that_every_sample_skips_gives_its_weights_no_gradient(name):
+    block, x, weight = _block_and_input(name, OPTIONS)
+    block.train()
+    y, grad, _ = _gate_gradients(block, x, torch.zeros(6, dtype=torch.long), weight, "per_sample")
+    main = [p for n, p in block.block.named_parameters() if not n.startswith("shortcut.")]
+    assert all(p.grad is None or not p.grad.any() for p in main)
+    assert (grad[:, 1] - grad[:, 0]).abs().min() > 0  # the gates learn from the run the skip saves
+    if block.skip_by_projection:  # the shortcut learns from the float32 projection alone, by torch's own ops
+        conv, bn = block.block.shortcut
+        w, gamma, beta = (t.detach().clone().requires_grad_() for t in (conv.weight, bn.weight, bn.bias))
+        skip = F.batch_norm(F.conv2d(x, w, None, conv.stride), None, None, gamma, beta, True, 0.0, bn.eps)
+        assert torch.equal(y, skip.detach())
+        (skip * weight).sum().backward()
+        assert torch.allclose(conv.weight.grad, w.grad, atol=1e-5) and torch.allclose(bn.weight.grad, gamma.grad, atol=1e-5)
+    else:
+        assert torch.equal(y, x)
+
+
+def test_skipping_samples_outputs_give_the_weights_no_gradient():
+    # dL/dy on the skipping samples alone: their block outputs enter detached, the running samples' get none, so the
+    # block's backward pass (batch norm's coupling of the rows included) gives its weights nothing
+    block, x, weight = _block_and_input("layer1.1", OPTIONS)
+    block.train()
+    choice = torch.tensor([0, 1, 2, 0, 2, 0])
+    _, grad, _ = _gate_gradients(block, x, choice, weight * (choice == 0).view(-1, 1, 1, 1), "per_sample")
+    assert all(p.grad is None or not p.grad.any() for p in block.block.parameters())
+    assert grad[choice == 0].abs().min() > 0
+    block.zero_grad()
+    _gate_gradients(block, x, choice, weight * (choice > 0).view(-1, 1, 1, 1), "per_sample")
+    assert all(p.grad.abs().sum() > 0 for p in block.block.parameters())
+
+
+@pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])
+def test_per_sample_gate_gradient_follows_its_closed_form_and_leaves_the_forward_pass_alone(name):
     block, x, weight = _block_and_input(name, OPTIONS)
     block.train()
     before = {key: value.clone() for key, value in block.state_dict().items()}
@@ -461,7 +502,7 @@ def test_per_sample_gate_gradient_follows_its_closed_form_and_leaves_the_statist
     # a skipping sample: the skip gets its output's A, every run option that of one forward run of the block
     assert torch.allclose(grad[~running, 0], a_out[~running], rtol=1e-4, atol=1e-4)
     assert torch.equal(grad[~running, 1], grad[~running, 2]) and (grad[~running, 1] - grad[~running, 0]).abs().min() > 0
-    # the estimate adds nothing to the forward pass and updates no running statistic: as a run without it
+    # the gates' gradient adds nothing to the forward pass and its statistics: as a run without it
     after = {key: value.clone() for key, value in block.state_dict().items()}
     block.load_state_dict(before)
     block.shared[0].reset()
@@ -513,26 +554,18 @@ def test_paper_table_experiments_use_the_tables_option_sets(model, options):
     assert [list(p) for p in make_config("method=dfq", f"model={model}").method.options] == appendix_f
 
 
-def test_mobilenetv2_under_per_sample_execution_runs_a_sample_alone_at_1x1_on_running_statistics(monkeypatch):
+def test_mobilenetv2_block_batch_norms_see_the_whole_batch_at_1x1(monkeypatch):
     dfq, net, meter = _prepared(model="mobilenetv2", size=8)  # CIFAR strides: 8x8 inputs reach 1x1 in the last stages
     net.train()
     gated = [m for m in net.modules() if isinstance(m, GatedBlock)]
-    for block in gated:  # sample 0 skips where its block can, sample 1 runs the last option: groups of one
+    for block in gated:  # sample 0 skips where its block can, sample 1 runs the last option
         low = 0 if block.skip and not block.mask_skip else int(block.skip)
         monkeypatch.setattr(block, "choose", lambda probs, low=low: torch.tensor([low, probs.shape[1] - 1]))
+    rows = []
+    for bn in (m for b in gated for m in b.block.modules() if isinstance(m, nn.BatchNorm2d)):
+        bn.register_forward_pre_hook(lambda _, args: rows.append(len(args[0])))
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    loss, _ = _step(dfq, net, meter, x)  # torch refuses batch statistics of one value a channel
+    loss, _ = _step(dfq, net, meter, x)
     loss.backward()
     assert torch.isfinite(loss) and any(block.skip and not block.mask_skip for block in gated)
-    bn = gated[-1].block.bn3
-    bn.running_mean.uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
-    bn.running_var.uniform_(0.5, 2, generator=torch.Generator().manual_seed(2))
-    mean, var = bn.running_mean.clone(), bn.running_var.clone()
-    one = torch.randn(1, bn.num_features, 1, 1)
-    expected = (one - mean.view(1, -1, 1, 1)) / torch.sqrt(var.view(1, -1, 1, 1) + bn.eps) * bn.weight.view(1, -1, 1, 1) \
-        + bn.bias.view(1, -1, 1, 1)
-    assert torch.allclose(bn(one), expected, atol=1e-6)
-    assert bn.training and torch.equal(bn.running_mean, mean) and torch.equal(bn.running_var, var)
-    two = torch.randn(2, bn.num_features, 1, 1)  # two values a channel: the batch's statistics, as before
-    assert torch.allclose(bn(two), F.batch_norm(two, None, None, bn.weight, bn.bias, True, 0.0, bn.eps), atol=1e-5)
-    assert not torch.equal(bn.running_mean, mean)
+    assert rows and set(rows) == {2}  # two values a channel at 1x1: the batch's statistics are defined

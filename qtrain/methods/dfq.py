@@ -18,11 +18,9 @@ average the reference keeps for evaluation (``act_momentum``, its weight on the 
 reference runs a block once per run option, so its block layers update their running range K times
 a step (K run options, nearly the same batch range each time); ``per_sample`` runs them once and
 weighs the old value ``act_momentum ** K``, the same per-step decay (``mix_all`` runs K times at
-``act_momentum``). Under ``per_sample`` a block's batch-norm statistics and activation ranges come from
-the samples that run it; in the reference every option runs on the whole batch. Where that is one sample
-at 1x1 spatial size (MobileNetV2's last stages on 8x8 inputs), a batch norm has one value a channel, whose
-statistics are undefined: it normalizes by its running statistics for that group, without updating them
-(``qtrain.methods.gates.running_statistics_for_one_value``).
+``act_momentum``). Under ``per_sample`` a block runs once over the whole batch in training (a sample that
+skips it at its most probable run option, its output discarded), so its batch-norm statistics and
+activation ranges are the whole batch's, as in the reference, where every option runs on the whole batch.
 
 Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
 gated block, in units of an average gated block's float32 forward MACs: the reference code's unit
@@ -43,25 +41,24 @@ skip nothing (``skip_charge: none``, default); ``skip_charge: projection`` makes
 term charge the float32 projection it runs (the cost meter and ``percent_of_float32`` always do).
 ``skip_downsample: never`` masks the skip option of those blocks out. Departures from the reference code: it
 runs every option on every sample and mixes them (``execution: mix_all`` here, K times the work, the
-reference's exact gate gradient); ``per_sample`` (default) runs each sample once and gives the gates an
-estimate of that gradient (:mod:`qtrain.methods.gates`). Option sets: the model configs' ``dfq_options`` are appendix F's, which
-it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6, 4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8,
-6/10, 8/8); FW-0/BW-0 means a skip. The reference's released CIFAR scripts (train_dfq.py,
-train_frac.py) hard-code 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, and its Table 3 logs (an earlier copy
-of the repository, Tubbz-alt/FracTrain, learning_curve_dyn/learning_curve/train_logs_resnet*_cr3_w4.txt:
-the logged cp per GEMM fitted against the logged option shares) show skip, 4/6, 6/8, 6/12, 8/16 for
-ResNet-38 and, without a skip, 3/6, 4/6, 6/8, ?, 8/16 for ResNet-74 (the fourth is never chosen in
-the logs; qtrain fills it with 6/12, which sits there in ResNet-38's set). The paper-table experiments
-(fractrain_table3, Table 5's fractrain_adapt/fractrain_finetune) take a model config's
-``dfq_table3_options`` (ResNet-38, ResNet-74) and the released scripts' set for any other model. (The
-reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.) For
-ResNet-18/34 the paper gives no options; the model configs take the reference's ImageNet ones
-(``fractrain_imagenet/train_frac.py``: FW 3/4/6/8 paired with BW 6/8/12/16, no skip). That code runs
-the projection shortcuts of its ImageNet ResNets in float32 (plain ``nn.Conv2d``); qtrain quantizes
-them, as every convolution of a gated block, at the sample's option. The
-reference charges MobileNetV2's depthwise convolutions as a constant at 8-bit weights and adds that
-quantized cost to cp's denominator; qtrain charges them inside their block, at ``weight_bits``
-weights, only when the block runs, against their float32 cost.
+reference's exact gate gradient); ``per_sample`` (default) runs a block once over the batch, each sample at
+one option, and gives the gates an estimate of that gradient (:mod:`qtrain.methods.gates`). Option sets: the
+model configs' ``dfq_options`` are appendix F's, which it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6,
+4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8, 6/10, 8/8); FW-0/BW-0 means a skip. The reference's released
+CIFAR scripts (train_dfq.py, train_frac.py) hard-code 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, and its Table 3
+logs (an earlier copy of the repository, Tubbz-alt/FracTrain,
+learning_curve_dyn/learning_curve/train_logs_resnet*_cr3_w4.txt: the logged cp per GEMM fitted against the
+logged option shares) show skip, 4/6, 6/8, 6/12, 8/16 for ResNet-38 and, without a skip, 3/6, 4/6, 6/8, ?,
+8/16 for ResNet-74 (the fourth is never chosen in the logs; qtrain fills it with 6/12, which sits there in
+ResNet-38's set). The paper-table experiments (fractrain_table3, Table 5's fractrain_adapt/fractrain_finetune)
+take a model config's ``dfq_table3_options`` (ResNet-38, ResNet-74) and the released scripts' set for any
+other model. (The reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.)
+For ResNet-18/34 the paper gives no options; the model configs take the reference's ImageNet ones
+(``fractrain_imagenet/train_frac.py``: FW 3/4/6/8 paired with BW 6/8/12/16, no skip). That code runs the
+projection shortcuts of its ImageNet ResNets in float32 (plain ``nn.Conv2d``); qtrain quantizes them, as every
+convolution of a gated block, at the sample's option. The reference charges MobileNetV2's depthwise
+convolutions as a constant at 8-bit weights and adds that quantized cost to cp's denominator; qtrain charges
+them inside their block, at ``weight_bits`` weights, only when the block runs, against their float32 cost.
 """
 
 from __future__ import annotations

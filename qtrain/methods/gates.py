@@ -14,11 +14,19 @@ The softmax's argmax picks each sample's option; the straight-through gate
 the gradient to the probabilities.
 
 Execution (``execution``):
-- ``per_sample`` (default): the samples that run the block run it once, together: every quantized
-  layer of the block shares its weight, GEMM and quantization range over them and rounds each
-  sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`);
-  batch norm sees every sample that runs the block. The gates learn from an estimate of the
-  reference's gradient, below.
+- ``per_sample`` (default): in training the block runs once over the whole batch, each sample that runs
+  it at its option and each sample that skips it at its most probable run option: every quantized
+  layer of the block shares its weight, GEMM and quantization range over the batch and rounds each
+  sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`).
+  Batch norm's batch statistics, its running statistics (updated once a step) and the activation
+  ranges are thus the whole batch's, as in the reference, where every option runs on the whole batch.
+  A sample's output is its option's (the block's output, or the skip's); the block's weights get task
+  gradient only from the samples that run it (a skipping sample's block output enters detached, as the
+  reference's gate, 0 in the forward pass, masks it), though batch statistics couple the rows as in any
+  batch norm. The simulation runs the block, forward and backward, for every sample: about the
+  reference's work for one option, not K. In evaluation (hard gates, running statistics and ranges,
+  each sample alone) only the samples that run the block run it. The gates learn from an estimate of
+  the reference's gradient, below. The cost charged is the chosen options' either way.
 - ``mix_all``: the reference code's way (GATECH-EIC/FracTrain, fractrain_cifar/models.py,
   ``ResNetRecurrentGateSP.forward``), ``y = sum_k g_k * o_k`` with every option's output ``o_k`` run
   on every sample (K times the work): the reference's exact gradient. The cost charged is the chosen
@@ -35,25 +43,26 @@ therefore returns, with ``r = sum_{k runs} g_k``, ``y = r * o_c + g_skip * skip(
 runs option ``c`` and ``y = g_skip * skip(x) + r * o_run`` for a sample that skips: the forward output
 is ``o_c`` or ``skip(x)`` as before (``r`` and ``g_skip`` are exactly 1 and 0, or 0 and 1), and the
 path not taken enters detached. ``skip(x)`` is the shortcut (``x`` itself, or the float32 projection
-over the batch's statistics without updating running ones); ``o_run``, for a skipped sample, is the
-block's output at its most probable run option, run forward only, as training runs it (over the
-skipped samples' batch statistics and ranges) with the block's running statistics and ranges restored
-after: the work the skip saves, without the backward pass. Every run option's ``A`` is taken as the
-one run output's, so the skip logit moves by ``p_skip (1 - p_skip) <dL/dy, skip(x) - o_run>`` on both
-sides, as in the reference; this is the reference's gradient exactly where all run options produce the
-same output, and otherwise differs by the run options' output differences (and, in training, by batch
-statistics over the samples that take a path rather than over the whole batch). Both sides are needed:
+over the whole batch's statistics); ``o_run``, for a skipped sample, is its row of the block's one pass
+over the whole batch, at its most probable run option. Every run option's ``A`` is taken as the one run
+output's, so the skip logit moves by ``p_skip (1 - p_skip) <dL/dy, skip(x) - o_run>`` on both sides, as
+in the reference; this is the reference's gradient exactly where all run options produce the same
+output (batch statistics included: both run the block over the whole batch), and otherwise differs by
+the run options' output differences. Both sides are needed:
 a loss's linearization at either end of the segment from ``skip(x)`` to ``o_run`` usually says to move
 toward the other end, so the running samples alone would drive the gates to skip (measured on a
-ResNet-20 CIFAR-10 miniature, 1,536 images, cp target 3: epochs 2-4 at cp 0.7-0.8 with the running
-samples' side alone, 2.2-2.5 with both; 2.7-2.9 under ``mix_all``, epochs 2-3). Without a skip option the task
+ResNet-20 CIFAR-10 miniature, 1,536 images, cp target 3, when ``per_sample`` still ran the block over the
+samples that take it alone: epochs 2-4 at cp 0.7-0.8 with the running samples' side alone, 2.2-2.5 with
+both; 2.7-2.9 under ``mix_all``, epochs 2-3). Without a skip option the task
 gives the gates no gradient, as in the reference's mixture of equal ``A``: the cost term (in DFQ's
 loss) alone moves them, and it reaches every option through the probabilities.
 
 The skip option (FW-0/BW-0) passes a sample through unchanged where the block keeps the shape. A
 block that changes the shape skips through its projection shortcut in float32, as SkipNet and the
 reference code do (``skip_projection``), or, where it has none or that is turned off, cannot be
-skipped: its skip logit is masked out.
+skipped: its skip logit is masked out. In training, under either execution, that projection runs over
+the whole batch at every step, whether or not a sample skips, and updates its batch norm's running
+statistics, as the reference's skip path does (the block's own pass, whose shortcut it is, updates them too).
 """
 
 from __future__ import annotations
@@ -73,19 +82,6 @@ def reference_init(layer: nn.Conv2d | nn.Linear) -> None:
     n = layer.kernel_size[0] * layer.kernel_size[1] * layer.out_channels if isinstance(layer, nn.Conv2d) else \
         layer.in_features * layer.out_features
     nn.init.normal_(layer.weight, 0.0, (2.0 / n) ** 0.5)
-
-
-class _PermuteRows(torch.autograd.Function):
-    """``x[order]`` whose backward gathers with the inverse order (advanced indexing scatters, slowly)."""
-
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-        ctx.inverse = inverse
-        return x.index_select(0, order)
-
-    @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return grad.index_select(0, ctx.inverse), None, None
 
 
 class GateController(nn.Module):
@@ -108,29 +104,6 @@ class GateController(nn.Module):
         return self.proj(self.state[0])
 
 
-def running_statistics_for_one_value(block: nn.Module) -> None:
-    """Make each batch norm of ``block`` normalize by its running statistics (and leave them as they are) when, in
-    training, it gets one value per channel: a group of one sample at 1x1 spatial size (MobileNetV2's last stages on
-    small inputs), which per_sample execution makes of a single sample that runs (or skips) a block. A batch's
-    statistics of one value are undefined (torch refuses them); larger groups keep the batch's statistics."""
-    for bn in block.modules():
-        if isinstance(bn, nn.modules.batchnorm._BatchNorm):
-            bn.register_forward_pre_hook(_running_if_one_value)
-            bn.register_forward_hook(_back_to_training)
-
-
-def _running_if_one_value(bn: nn.Module, args: tuple) -> None:
-    x = args[0]
-    if bn.training and x.numel() == x.shape[1]:
-        bn.training = False
-        bn.one_value = True
-
-
-def _back_to_training(bn: nn.Module, args: tuple, out: torch.Tensor) -> None:
-    if getattr(bn, "one_value", False):
-        bn.training, bn.one_value = True, False
-
-
 class GatedBlock(nn.Module):
     """A :class:`Block` behind its gate; option 0 is the skip when ``has_skip``, the rest run ``block``."""
 
@@ -138,7 +111,6 @@ class GatedBlock(nn.Module):
                  has_skip: bool, skip_projection: bool, execution: str) -> None:
         super().__init__()
         self.block = block
-        running_statistics_for_one_value(block)
         if width is None:
             self.embed = nn.Sequential(nn.Conv2d(in_channels, embed, 1))
         else:
@@ -191,51 +163,42 @@ class GatedBlock(nn.Module):
         finally:
             set_sample_bits(self.option_layers, None)
 
-    def _skipped(self, x: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
-        return self.block.projection(x, update_stats) if self.skip_by_projection else x
+    def _skipped(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block.projection(x) if self.skip_by_projection else x
 
     def _per_sample(self, x: torch.Tensor, gates: torch.Tensor, choice: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * (x.dim() - 1)))
         first = int(self.skip)
         running = choice >= first
-        skipped = int((~running).sum())
-        # the path not taken, for the gates' gradient (module docstring); before the block runs for real, whose
-        # backward pass may need the running statistics that the estimate's forward pass touches and restores
-        other = None
-        if gates.requires_grad and self.skip and not self.mask_skip:
-            with torch.no_grad():
-                other = self._skipped(x.detach(), update_stats=False)
-                if skipped:
-                    other = other.clone()
-                    other[~running] = self._estimate(x[~running], probs[~running, first:].argmax(1))
-        if not skipped:
-            out = self._run(x, choice - first)
-        else:
-            order = torch.argsort(running, stable=True)  # the skipping samples first, then the running ones
-            inverse = torch.argsort(order)
-            ordered = _PermuteRows.apply(x, order, inverse)
-            parts = [self._skipped(ordered[:skipped])]
-            if skipped < len(x):
-                parts.append(self._run(ordered[skipped:], choice[order[skipped:]] - first))
-            out = _PermuteRows.apply(torch.cat(parts), inverse, order)
+        if not (self.training or gates.requires_grad):
+            return self._evaluate(x, choice - first, running)
+        # the whole batch runs the block once, a skipping sample at its most probable run option: batch statistics
+        # and activation ranges are the whole batch's, as in the reference
+        out = self._run(x, torch.where(running, choice - first, probs[:, first:].argmax(1)))
+        run_gates = gates[:, first:].sum(1).view(shape)
+        if not self.skip or self.mask_skip:  # every sample runs: every option gets the chosen output's A
+            return out * run_gates if gates.requires_grad else out
+        skip = self._skipped(x)
+        rows = running.view(shape)
         if not gates.requires_grad:
-            return out
-        run_gates = gates[:, first:].sum(1)
-        if other is None:  # every sample runs: every option gets the chosen output's A
-            return out * run_gates.view(shape)
-        # forward: exactly out; backward: the taken path's gates get its output's A, the other path's the other's
-        return (out * torch.where(running, run_gates, gates[:, 0]).view(shape)
-                + other * torch.where(running, gates[:, 0], run_gates).view(shape))
+            return torch.where(rows, out, skip)
+        # forward: exactly out or skip(x); backward: the taken path's gates get its output's A, the other path's the
+        # other's (module docstring), and the block's weights learn from the samples that run it
+        return (torch.where(rows, out, out.detach()) * run_gates
+                + torch.where(rows, skip.detach(), skip) * gates[:, :1].view(shape))
 
-    def _estimate(self, x: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
-        """The block's output at ``options`` for the gates' gradient alone, as training runs it (batch
-        statistics and ranges), its running statistics and ranges left as they were."""
-        saved = [(buffer, buffer.clone()) for buffer in self.block.buffers()]
-        try:
+    def _evaluate(self, x: torch.Tensor, options: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        """Hard gates without the gates' gradient, in evaluation: running statistics and ranges treat every
+        sample alone, so only the samples that run the block run it."""
+        if running.all():
             return self._run(x, options)
-        finally:
-            for buffer, value in saved:
-                buffer.copy_(value)
+        skipped = self._skipped(x[~running])
+        if not running.any():
+            return skipped
+        ran = self._run(x[running], options[running])
+        out = ran.new_empty((len(x), *ran.shape[1:]))
+        out[running], out[~running] = ran, skipped
+        return out
 
     def _mix_all(self, x: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * (x.dim() - 1)))

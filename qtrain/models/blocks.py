@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 class Block(nn.Module):
     identity: bool = False
     projection_name: str | None = None
 
-    def projection(self, x: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
-        """The block's projection shortcut alone, run in float32 (only where ``projection_name`` is set).
-
-        ``update_stats=False``: in training, the batch's statistics without updating the running ones.
-        """
+    def projection(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's projection shortcut alone, run in float32 (only where ``projection_name`` is set)."""
         if self.projection_name is None:
             raise NotImplementedError(f"{type(self).__name__} has no projection shortcut")
         conv, bn = self.shortcut
-        out = nn.Conv2d.forward(conv, x)  # the plain convolution, also where conv is a quantized layer
-        if update_stats or not bn.training or out.numel() == out.shape[1]:  # one value a channel: bn's hook (gates.py)
-            return bn(out)
-        return F.batch_norm(out, None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
+        return bn(nn.Conv2d.forward(conv, x))  # the plain convolution, also where conv is a quantized layer
