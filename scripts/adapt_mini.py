@@ -2,7 +2,7 @@
 
     python scripts/adapt_mini.py --root DIR [--jobs 2] [--out results/adapt_mini_cifar10]
 
-DIR holds ``cifar-10-batches-py`` (``python ../shared/data/materialize.py DIR`` writes it). Sized for a
+DIR holds ``cifar-10-batches-py`` (CIFAR-10's python version, as torchvision downloads it). Sized for a
 2-core CPU machine: the CIFAR AlexNet of the AdaPT paper, the whole training and test sets, EPOCHS
 epochs, batch 128 without accumulation for every method, the learning rate constant. Each method as its
 paper ran AlexNet, scaled down:
@@ -79,8 +79,8 @@ def main() -> None:
     table = pd.DataFrame([row(method, setting, RUNS_DIR / method) for method, (setting, _) in RUNS.items()])
     described, sharing = machine(RUNS_DIR / "float32", args.jobs)
     write_results(args.out, table, EPOCHS, "AdaPT in miniature: AlexNet on real CIFAR-10", (
-        f"Made by `python scripts/adapt_mini.py --root DIR --jobs {args.jobs}` (DIR from `python "
-        f"../shared/data/materialize.py DIR`: the offline CIFAR-10 copy, images JPEG-re-encoded at quality 75) "
+        f"Made by `python scripts/adapt_mini.py --root DIR --jobs {args.jobs}` (DIR: an offline CIFAR-10 copy in "
+        f"torchvision's python layout, images JPEG-re-encoded at quality 75) "
         f"on {described}.\n\n"
         f"Data: the whole 50,000-image training set and 10,000-image test set, crop 32 pad 4 and flips. The CIFAR "
         f"AlexNet of the AdaPT paper, {EPOCHS} epochs, batch 128 without accumulation, constant learning rate, "

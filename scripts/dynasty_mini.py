@@ -2,7 +2,7 @@
 
     python scripts/dynasty_mini.py --root DIR [--jobs 2] [--out results/dynasty_mini_cifar10]
 
-DIR holds ``cifar-10-batches-py`` (``python ../shared/data/materialize.py DIR`` writes it). Sized for a
+DIR holds ``cifar-10-batches-py`` (CIFAR-10's python version, as torchvision downloads it). Sized for a
 2-core CPU machine: ResNet-20 (ResNet-18, the paper's model, takes about 14 times the MACs per image),
 the whole training and test sets, EPOCHS epochs, batch 128, SGD lr 0.1 with momentum 0.9 and weight
 decay 5e-4, DYNASTY's linear warm-up over the first epoch, then cosine decay; the same for every method.
@@ -89,8 +89,8 @@ def main() -> None:
     table = pd.DataFrame([row(name, method, setting, sbm) for name, (method, setting, _) in RUNS.items()])
     described, sharing = machine(RUNS_DIR / "float32", args.jobs)
     write_results(args.out, table, EPOCHS, "DYNASTY in miniature: ResNet-20 on real CIFAR-10", (
-        f"Made by `python scripts/dynasty_mini.py --root DIR --jobs {args.jobs}` (DIR from `python "
-        f"../shared/data/materialize.py DIR`: the offline CIFAR-10 copy, images JPEG-re-encoded at quality 75) "
+        f"Made by `python scripts/dynasty_mini.py --root DIR --jobs {args.jobs}` (DIR: an offline CIFAR-10 copy in "
+        f"torchvision's python layout, images JPEG-re-encoded at quality 75) "
         f"on {described}.\n\n"
         f"Data: the whole 50,000-image training set and 10,000-image test set, crop 32 pad 4 and flips. ResNet-20, "
         f"{EPOCHS} epochs, batch 128, SGD lr 0.1, momentum 0.9, weight decay 5e-4, linear warm-up over the first "

@@ -2,7 +2,7 @@
 
     python scripts/fractrain_mini.py --root DIR [--out results/fractrain_mini_cifar10]
 
-DIR holds ``cifar-10-batches-py`` (``python ../shared/data/materialize.py DIR`` writes it). Sized for a
+DIR holds ``cifar-10-batches-py`` (CIFAR-10's python version, as torchvision downloads it). Sized for a
 2-core CPU machine: ResNet-20, the 25,000-image half of the training set (``data.subset={by: samples,
 part: 0}``, every class halved), the whole test set, 8 epochs of SGD (momentum 0.9, wd 5e-4, batch 128)
 at lr 0.1, divided by 10 after epoch 6: FracTrain's step schedule (0.1, /10 at 80 of 160 epochs) compressed.
@@ -65,7 +65,7 @@ def main() -> None:
     described, threads_text = machine(RUNS_DIR / "sbm", args.jobs)
     command = f"python scripts/fractrain_mini.py --root DIR --jobs {args.jobs}"
     write_results(args.out, table, EPOCHS, "FracTrain in miniature: ResNet-20 on real CIFAR-10", (
-        f"Made by `{command}` (DIR from `python ../shared/data/materialize.py DIR`: the offline CIFAR-10 copy, "
+        f"Made by `{command}` (DIR: an offline CIFAR-10 copy in torchvision's python layout, "
         f"images JPEG-re-encoded at quality 75) on {described}.\n\n"
         f"Data: the 25,000-image half of the training set (every class halved), the whole 10,000-image test set. "
         f"{EPOCHS} epochs, SGD lr 0.1 divided by 10 after epoch{'s' * (len(MILESTONES) > 1)} "

@@ -2,11 +2,11 @@
 
     python scripts/wikitext2_mini.py --root DIR [--out results/fractrain_wikitext2_mini] [--jobs 1]
 
-DIR holds ``wiki.{train,valid,test}.tokens`` (``python ../shared/data/materialize.py DATA`` writes them to
-DATA/wikitext-2). Each run is ``qtrain experiment=fractrain_wikitext103 scale=mini data=wikitext2`` (the
-experiment's mini scale, conf/scale/fractrain_wikitext103/mini.yaml: the small Transformer, 16 sequences of 64
-tokens a batch, 6 epochs over the first 200,000 training tokens, Adam (0.9, 0.98, 1e-9) with the inverse-square-
-root schedule after 100 warm-up steps, the first 50,000 test tokens) with the settings of FracTrain Table 2:
+DIR holds ``wiki.{train,valid,test}.tokens`` (WikiText-2's tokenized release). Each run is ``qtrain
+experiment=fractrain_wikitext103 scale=mini data=wikitext2`` (the experiment's mini scale,
+conf/scale/fractrain_wikitext103/mini.yaml: the small Transformer, 16 sequences of 64 tokens a batch, 6 epochs
+over the first 200,000 training tokens, Adam (0.9, 0.98, 1e-9) with the inverse-square-root schedule after 100
+warm-up steps, the first 50,000 test tokens) with the settings of FracTrain Table 2:
 - SBM FW-8/BW-16 as FracTrain's baseline (both backward GEMMs at 16 bits, global activation range);
 - PFQ FW(3,4,6,8)/BW(6,8,12,16), its loss indicator over 2-epoch windows (conf/scale/method/mini_pfq.yaml);
 both with every GEMM quantized, the vocabulary projection and attention's two products included. Each run
@@ -54,8 +54,8 @@ def main() -> None:
     described, threads_text = machine(RUNS_DIR / "sbm", args.jobs)
     command = f"python scripts/wikitext2_mini.py --root DIR --jobs {args.jobs}"
     write_results(args.out, table, EPOCHS, "FracTrain Table 2's Transformer rows in miniature: WikiText-2", (
-        f"Made by `{command}` (DIR: `wikitext-2` from `python ../shared/data/materialize.py DATA`, the offline "
-        f"WikiText-2 copy) on {described}.\n\n"
+        f"Made by `{command}` (DIR: an offline WikiText-2 copy, `wiki.{{train,valid,test}}.tokens`) "
+        f"on {described}.\n\n"
         f"Model and data: the small Transformer preset (2 layers, d_model 128, 4 heads, FFN 512, dropout 0.1, "
         f"sequences of 64 tokens), WikiText-2's word vocabulary of the whole training split (33,278 words with "
         f"`<unk>` and `<eos>`), trained on its first 200,000 tokens (16 sequences, 1,024 tokens, a batch: 195 steps an "

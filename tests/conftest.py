@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 from qtrain.cli import conf_dir
 from qtrain.quant.rounding import set_fused
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# Real datasets for the tests marked realdata: a folder holding cifar-10-batches-py and MNIST in the layouts
+# torchvision downloads (unset: those tests are skipped; nothing is downloaded).
+REAL_DATA = Path(os.environ["QTRAIN_DATA"]) if os.environ.get("QTRAIN_DATA") else None
 # A run small enough for a test: 256 synthetic 8x8 images, two epochs, eager quantizers.
 TINY = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=false", "fused=false"]
 
