@@ -135,8 +135,7 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     bit for bit. Where one kernel fails to compile, that kernel (that static signature and shape pattern)
     runs the same function eagerly from then on, with one warning per function; its other kernels stay fused.
     """
-    kernels: dict[tuple, Callable[..., Any]] = {}
-    failed: list[str] = []
+    kernels: dict[tuple, Callable[..., Any]] = {}  # a failed kernel's entry is ``fn`` itself
 
     @functools.wraps(fn)
     def call(*tensors: torch.Tensor, **static: Any) -> Any:
@@ -159,11 +158,10 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return kernel(*tensors)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back to the same eager math
-            kernels[signature] = fn
-            if not failed:
+            if fn not in kernels.values():  # the function's first failure
                 warnings.warn(f"torch.compile failed for {fn.__name__} ({type(err).__name__}: {err}); that kernel "
                               "runs eagerly from now on", stacklevel=2)
-            failed.append(shapes)
+            kernels[signature] = fn
             return fn(*tensors, **static)
 
     return call
