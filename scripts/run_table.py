@@ -2,10 +2,13 @@
 
 Every ``conf/experiment/<table>.yaml`` lists, in its header, the sweeps that make the table's runs and the
 ``qtrain-report`` command that reads them, with ``DATA`` (the datasets) and ``OUT`` (the runs) to fill in.
-This script fills them in, runs the sweeps ``--jobs`` at a time (each with an equal share of the cores as
-torch threads), each sweep's output in ``OUT/logs/``, then runs the report commands with any extra arguments.
-Finished runs are reported, not rerun, and a killed run resumes from its last epoch, so the script can
-simply be started again after an interruption::
+This script fills them in, expands each sweep into its runs (the cartesian product of its comma-separated
+values, as Hydra's basic sweeper does, so each run lands in the directory the sweep would give it), runs them
+``--jobs`` at a time (each with an equal share of the cores as torch threads), each run's output in
+``OUT/logs/``, then runs the report commands with any extra arguments. ``--only KEY=VALUE`` keeps the runs
+whose sweep gives KEY that value (e.g. ``--only model=resnet38`` for the ResNet-38 cells of a table that also
+sweeps ResNet-74). Finished runs are reported, not rerun, and a killed run resumes from its last epoch, so the
+script can simply be started again after an interruption::
 
     python scripts/run_table.py adapt_table2 --data DATA --out OUT --scale mini --jobs 2 -- --plots OUT/figures
 """
@@ -13,6 +16,7 @@ simply be started again after an interruption::
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import subprocess
@@ -34,9 +38,9 @@ def header_commands(table: str) -> list[list[str]]:
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
-        words = shlex.split(line.lstrip("# "))
-        if words and words[0] in ("qtrain", "qtrain-report"):
-            commands.append(words)
+        text = line.lstrip("# ")
+        if text.split(" ", 1)[0] in ("qtrain", "qtrain-report"):
+            commands.append(shlex.split(text))
     return commands
 
 
@@ -44,6 +48,26 @@ def filled(words: list[str], data: Path, out: Path, scale: str) -> list[str]:
     """``words`` with DATA and OUT replaced and every ``scale=`` set to ``scale``."""
     words = [w.replace("DATA", str(data)).replace("OUT", str(out)) for w in words]
     return [f"scale={scale}" if w.startswith("scale=") else w for w in words]
+
+
+def expanded(words: list[str]) -> list[list[str]]:
+    """The single runs of the sweep ``words`` (``qtrain -m`` and overrides), as Hydra's basic sweeper makes them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    options = [w for w in words[1:] if w.startswith("-")]
+    choices = []
+    for override in OverridesParser.create().parse_overrides([w for w in words[1:] if not w.startswith("-")]):
+        key = override.get_key_element()
+        values = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        choices.append([f"{key}={value}" for value in values])
+    return [[words[0], *options, *run] for run in itertools.product(*choices)]
+
+
+def selected(runs: list[list[str]], only: list[str]) -> list[list[str]]:
+    """The runs that carry every ``KEY=VALUE`` of ``only``, or pass none of KEY."""
+    def keeps(run: list[str]) -> bool:
+        return all(pick in run or not any(w.startswith(pick.partition("=")[0] + "=") for w in run) for pick in only)
+    return [run for run in runs if keeps(run)]
 
 
 def run(words: list[str], log: Path, threads: int) -> int:
@@ -61,21 +85,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="the folder holding the datasets (DATA)")
     parser.add_argument("--out", type=Path, required=True, help="the folder of the runs (OUT)")
     parser.add_argument("--scale", choices=SCALES, default="mini")
-    parser.add_argument("--jobs", type=int, default=2, help="sweeps at a time (default 2)")
-    parser.add_argument("report_args", nargs="*", help="after --: extra arguments of the report commands")
-    args = parser.parse_args(argv)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                        help="keep the runs that set KEY to VALUE (repeatable)")
+    parser.epilog = "Arguments after -- are passed to the report commands."
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.report_args = argv[cut + 1:]
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs} is not allowed: it must be >= 1")
+    bad = [pick for pick in args.only if "=" not in pick]
+    if bad:
+        parser.error(f"--only {bad[0]} is not allowed: it must be KEY=VALUE, e.g. model=resnet38")
     commands = [filled(words, args.data.resolve(), args.out.resolve(), args.scale) for words in header_commands(args.table)]
-    sweeps = [c for c in commands if c[0] == "qtrain"]
+    runs = selected([r for c in commands if c[0] == "qtrain" for r in expanded(c)], args.only)
     reports = [c for c in commands if c[0] == "qtrain-report"]
+    if not runs:
+        parser.error(f"--only {' '.join(args.only)} matches none of {args.table}'s runs")
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
+
+    def log_name(words: list[str]) -> str:
+        picks = [w.partition("=")[2] for w in words if w.startswith(("method=", "model=", "data=", "seed="))]
+        return "-".join([args.table, *picks]) + ".log"
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        codes = list(pool.map(lambda item: run(item[1] + ["progress=false"], logs / f"{args.table}-{item[0]}.log", threads),
-                              enumerate(sweeps)))
-    for words, code in zip(sweeps, codes):
+        codes = list(pool.map(lambda words: run(words + ["progress=false"], logs / log_name(words), threads), runs))
+    for words, code in zip(runs, codes):
         print(f"{'ok' if code == 0 else f'FAILED ({code})'}: {shlex.join(words)}")
     for words in reports:
         subprocess.run([str(Path(sys.executable).with_name(words[0])), *words[1:], *args.report_args], check=False)

@@ -1,0 +1,45 @@
+"""scripts/run_table.py: a table's header sweeps become single runs in the directories the sweeps give them."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "run_table.py"
+spec = importlib.util.spec_from_file_location("run_table", SCRIPT)
+run_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_table)
+
+
+def test_a_sweep_expands_into_the_cartesian_product_of_its_values():
+    runs = run_table.expanded(["qtrain", "-m", "method=dfq,sbm", "model.dfq_options=[[3,6],[4,6]]", "seed=0,1",
+                               "name='a,b'"])
+    assert runs == [
+        ["qtrain", "-m", f"method={m}", "model.dfq_options=[[3,6],[4,6]]", f"seed={s}", "name='a,b'"]
+        for m in ("dfq", "sbm") for s in ("0", "1")
+    ]
+
+
+def test_only_keeps_the_runs_that_set_the_value_and_those_that_do_not_sweep_the_key():
+    runs = [["qtrain", "model=resnet38", "data=cifar10"], ["qtrain", "model=resnet74", "data=cifar10"],
+            ["qtrain", "data=cifar100"]]
+    assert run_table.selected(runs, ["model=resnet38"]) == [runs[0], runs[2]]
+    assert run_table.selected(runs, ["model=resnet38", "data=cifar10"]) == [runs[0]]
+
+
+def test_table3s_resnet38_cifar10_cells_are_three_runs_with_the_header_settings(tmp_path):
+    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.header_commands("fractrain_table3")]
+    runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)],
+                              ["model=resnet38", "data=cifar10"])
+    methods = [next(w for w in r if w.startswith("method=")) for r in runs]
+    assert methods == ["method=dfq", "method=fractrain", "method=sbm"]
+    assert all("scale=mini" in r and f"hydra.sweep.dir={tmp_path}/fractrain_table3" in r for r in runs)
+    assert "method.act_range=tensor" in runs[2]
+
+
+def test_an_only_that_matches_no_run_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_table.main(["fractrain_table3", "--data", str(tmp_path), "--out", str(tmp_path), "--only", "model=vgg"])
+    assert stop.value.code == 2
+    assert "--only model=vgg matches none" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
