@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -107,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
 
-    def log_name(words: list[str]) -> str:
-        picks = [w.partition("=")[2] for w in words if w.startswith(("method=", "model=", "data=", "seed="))]
+    def log_name(words: list[str]) -> str:  # the table and the run's own values (not the shared keys)
+        shared = ("experiment=", "scale=", "data.root=", "hydra.", "-")
+        picks = [re.sub(r"[^\w.]+", "_", w.partition("=")[2]).strip("_") for w in words[1:] if not w.startswith(shared)]
         return "-".join([args.table, *picks]) + ".log"
 
     with ThreadPoolExecutor(args.jobs) as pool:

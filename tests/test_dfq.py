@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from qtrain.cost import CostMeter
 from qtrain.errors import ConfigError
 from qtrain.methods import StepInfo, build_method
+from qtrain.methods.dfq import DFQ
 from qtrain.methods.fractrain import appendix_g_targets
 from qtrain.methods.gates import GatedBlock
 from qtrain.models import build_model
@@ -104,9 +105,9 @@ def _bottleneck_macs(cin, planes, side_in, stride):
     return main + projection, projection
 
 
-@pytest.mark.parametrize("charge", ["none", "projection"])
-def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand(charge):
-    dfq, net, _ = _prepared(OPTIONS, f"method.skip_charge={charge}", model="resnet164")
+@pytest.mark.parametrize("charge,weights", [("none", "macs"), ("projection", "macs"), ("projection", "blocks")])
+def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand(charge, weights):
+    dfq, net, _ = _prepared(OPTIONS, f"method.skip_charge={charge}", f"method.cp_weights={weights}", model="resnet164")
     assert len(dfq.blocks) == 54
     # the first block of each stage changes the shape and skips through its float32 projection
     assert [b.skip_by_projection for b in dfq.blocks] == ([True] + [False] * 17) * 3
@@ -118,9 +119,14 @@ def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand(charge):
     float32 = 3 * sum(total for total, _ in hand)
     fractions = [0.0] + [_fractions(4, fw, bw) for fw, bw in ((2, 6), (4, 12))]
     for b, (total, projection) in enumerate(hand):
-        skip = 100 * 3 * projection / float32 if charge == "projection" else 0.0  # the reference charges a skip nothing
-        expected = [skip] + [100 * total * f / float32 for f in fractions[1:]]
+        # by MACs: the blocks' cost over their float32 cost; by blocks: the mean over blocks of each one's ratio
+        scale = 100 / float32 if weights == "macs" else 100 / (3 * total * len(hand))
+        skip = scale * 3 * projection if charge == "projection" else 0.0  # the reference charges a skip nothing
+        expected = [skip] + [scale * total * f for f in fractions[1:]]
         assert dfq.cost_cp[b].tolist() == pytest.approx(expected, rel=1e-6)
+        units = 3 * projection if charge == "projection" else 0.0, *(total * f for f in fractions[1:])
+        per = total if weights == "blocks" else float32 / 3 / len(hand)  # the reference's unit: per block, or mean block
+        assert dfq.cost_units[b].tolist() == pytest.approx([u / per for u in units], rel=1e-6)
 
 
 def test_gates_choose_one_option_per_sample_and_gradients_reach_them():
@@ -232,7 +238,7 @@ def test_a_block_that_cannot_skip_always_runs():
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
-    dfq, net, meter = _prepared(OPTIONS, f"method.cp_scope={scope}")
+    dfq, net, meter = _prepared(OPTIONS, f"method.cp_scope={scope}", "method.cp_weights=macs")
     net.gate_controller.forced = 1  # every block at FW-2/BW-6, weights at 4 bits
     _step(dfq, net, meter, torch.randn(8, 3, 8, 8))
     macs = meter.table().set_index("layer")["macs_per_sample"]
@@ -250,21 +256,34 @@ def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
 
 def test_a_random_mixture_is_charged_exactly_what_cp_says():
     torch.manual_seed(2)
-    dfq, net, meter = _prepared("method.cp_scope=model")
+    dfq, net, meter = _prepared("method.cp_scope=model", "method.cp_weights=macs")
     _step(dfq, net, meter, torch.randn(64, 3, 8, 8))
     shares = torch.stack([b.gates.detach().mean(0) for b in dfq.blocks])
     assert (shares > 0).sum(1).max() > 1  # samples of one block took different options
     assert dfq._cp_sum / dfq._samples == pytest.approx(meter.percent_of_float32(), rel=1e-6)
 
 
-def test_blocks_scope_cp_is_the_blocks_cost_over_their_float32_cost():
+@pytest.mark.parametrize("weights", ["macs", "blocks"])
+def test_blocks_scope_cp_is_the_blocks_cost_over_their_float32_cost(weights):
+    # by MACs: the blocks' summed cost over their summed float32 cost; by blocks (the reference's ResNets):
+    # the mean over blocks of each block's cost over its float32 cost
     torch.manual_seed(2)
-    dfq, net, meter = _prepared()
+    dfq, net, meter = _prepared(f"method.cp_weights={weights}")
     _step(dfq, net, meter, torch.randn(64, 3, 8, 8))
     table = meter.table().set_index("layer")
-    block = [n for n in table.index if ".block." in n]
-    expected = 100 * table["effective_macs"][block].sum() / table["float32_macs"][block].sum()
+    table = table[table.index.str.contains(".block.", regex=False)]
+    if weights == "macs":
+        expected = 100 * table["effective_macs"].sum() / table["float32_macs"].sum()
+    else:
+        per_block = table.groupby(table.index.str.split(".block.", regex=False).str[0])[["effective_macs", "float32_macs"]].sum()
+        assert len(per_block) == len(dfq.blocks)
+        expected = 100 * (per_block["effective_macs"] / per_block["float32_macs"]).mean()
     assert dfq._cp_sum / dfq._samples == pytest.approx(expected, rel=1e-6)
+
+
+def test_cp_over_the_whole_model_needs_mac_weights():
+    with pytest.raises(ConfigError, match="method.cp_weights=blocks is not allowed with method.cp_scope=model"):
+        _prepared("method.cp_scope=model", "method.cp_weights=blocks")
 
 
 @pytest.mark.parametrize("target,sign", [(0.5, 1), (90.0, -1)])
@@ -340,8 +359,43 @@ def test_fractrain_raises_its_target_at_each_turning_point(tmp_path):
     run(make_config(*TINY, *overrides), tmp_path)
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert metrics["stage"].tolist() == [0, 1] and metrics["target_cp"].tolist() == [1.5, 4.0]
+    # the objective the indicator reads (the reference's): the task loss plus the signed cost term
+    assert metrics["train_objective"].tolist() == pytest.approx((metrics["train_loss"] + metrics["cost_term"]).tolist())
     shares = pd.read_csv(tmp_path / "precision.csv").query("layer == 'layer1.1.block.conv1'")
     assert shares.groupby("epoch")["share"].sum().le(1 + 1e-9).all()
+
+
+def test_the_epochs_cost_term_is_what_the_steps_added_to_the_loss():
+    torch.manual_seed(3)
+    dfq, net, meter = _prepared(OPTIONS)
+    added = []
+    for size in (8, 24):  # weighted by the samples, as the task loss's epoch mean
+        loss, task = _step(dfq, net, meter, torch.randn(size, 3, 8, 8))
+        added.append(((loss - task).item(), size))
+    metrics = {}
+    dfq.end_epoch(0, metrics)
+    # (float32 loss minus task loss: a few 1e-5 of the term lost to cancellation)
+    assert metrics["cost_term"] == pytest.approx(sum(a * n for a, n in added) / 32, rel=2e-4)
+    assert all(a != 0 for a, _ in added)
+
+
+@pytest.mark.parametrize("indicator,read", [("total", "train_objective"), ("task", "train_loss")])
+def test_fractrains_indicator_reads_the_objective_or_the_task_loss(indicator, read, monkeypatch):
+    method = build_method(make_config("method=fractrain", f"method.indicator_loss={indicator}").method)
+    seen = []
+    monkeypatch.setattr(method.schedule.indicator, "update", lambda loss, may_turn: seen.append(loss) or False)
+    monkeypatch.setattr(DFQ, "end_epoch", lambda self, epoch, metrics: metrics.update(cost_term=-0.25))
+    metrics = {"train_loss": 2.0}
+    method.end_epoch(0, metrics)
+    assert seen == [metrics[read]] and metrics["train_objective"] == 1.75
+
+
+def test_per_sample_batch_norm_running_statistics_decay_as_the_references_k_updates():
+    for execution, momentum in (("per_sample", 1 - 0.9 ** 2), ("mix_all", 0.1)):  # two run options: K = 2
+        dfq, net, _ = _prepared(OPTIONS, f"method.execution={execution}")
+        norms = [m for b in dfq.blocks for m in b.block.modules() if isinstance(m, nn.BatchNorm2d)]
+        assert norms and all(m.momentum == pytest.approx(momentum) for m in norms)
+        assert net.bn1.momentum == 0.1  # the stem's, outside the gated blocks
 
 
 def test_appendix_g_targets_by_hand():

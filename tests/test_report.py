@@ -41,9 +41,10 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
              method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
              precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None,
-             optim_keys: dict | None = None, scale: str | None = None) -> Path:
+             optim_keys: dict | None = None, scale: str | None = None, float32_share: float = 0.0) -> Path:
     """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None;
-    ``scale`` on its recorded command line (``.hydra/overrides.yaml``)."""
+    ``scale`` on its recorded command line (``.hydra/overrides.yaml``); ``float32_share`` of its cost in float32
+    layers."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     if scale is not None:
@@ -61,7 +62,7 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
         summary = {"status": status, "method": method, "model": model, "data": data, "seed": seed,
                    "epochs_completed": len(accs), "final": {"test_acc": accs[-1]}, "best_test_acc": max(accs),
                    "cost": {"effective_macs": macs[-1], "percent_of_float32": 100.0 * macs[-1] / 1e12},
-                   "config": config, **(summary_extra or {})}
+                   "float32_layers": {"share_of_cost": float32_share}, "config": config, **(summary_extra or {})}
         (run_dir / "summary.json").write_text(json.dumps(summary))
     else:
         (run_dir / ".hydra").mkdir(exist_ok=True)
@@ -333,10 +334,12 @@ def _table3_mini(root: Path, scale: str = "mini") -> None:
     scale_keys = OmegaConf.to_container(OmegaConf.load(conf_dir() / "scale" / "method" / f"{scale}_fractrain.yaml"))
     common = {"model": "resnet38", "data": "cifar10", "epochs": 8, "scale": scale}
     fake_run(root, "sbm", "sbm", [0.2, 0.281], [1e11, 2e11], method_keys={"act_range": "tensor", "last_layer": "float32"},
-             summary_extra={"hardware": {"models": {"bitfusion": {"joules": 60.0, "seconds": 540.0}}}}, **common)
+             summary_extra={"hardware": {"models": {"bitfusion": {"joules": 60.0, "seconds": 540.0}}}},
+             float32_share=0.01, **common)
     for seed, (acc, macs, joules) in enumerate([(0.262, 7.2e10, 40.0), (0.270, 7.0e10, 42.0)]):
         fake_run(root, f"ft{seed}", "fractrain", [0.2, acc], [4e10, macs], seed=seed, method_keys=scale_keys,
-                 summary_extra={"hardware": {"models": {"bitfusion": {"joules": joules, "seconds": 400.0}}}}, **common)
+                 summary_extra={"hardware": {"models": {"bitfusion": {"joules": joules, "seconds": 400.0}}}},
+                 float32_share=0.2, **common)
 
 
 def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
@@ -354,7 +357,9 @@ def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
     assert acc.difference == pytest.approx(acc.ours - acc.paper)
     macs = comparable.loc[(row, "MACs")]
     assert macs.figure == "% saved against SBM" and macs.paper == pytest.approx(100 * (1 - 3.97e13 / 1.18e14))
-    assert macs.ours == pytest.approx(statistics.fmean([100 * (1 - 7.2e10 / 2e11), 100 * (1 - 7e10 / 2e11)]))
+    # the paper's MACs leave out the layers each run keeps in float32: 20 % of FracTrain's cost, 1 % of SBM's
+    quantized = [m * 0.8 / (2e11 * 0.99) for m in (7.2e10, 7e10)]
+    assert macs.ours == pytest.approx(statistics.fmean([100 * (1 - q) for q in quantized]))
     energy = comparable.loc[(row, "Energy (kJ)")]
     assert energy.paper == pytest.approx(100 * (1 - 22.93 / 33.55)) and energy.ours == pytest.approx(100 * (1 - 41 / 60))
     assert comparable.loc[(row, "Latency (min)")].ours == pytest.approx(100 * (1 - 400 / 540))
@@ -473,7 +478,7 @@ def test_paper_tables_export_beside_the_runs_table(tmp_path):
     counts = exported.view.value_counts()
     assert (counts["comparable"], counts["scale-bound"]) == (5, 8)  # FracTrain's 4 relative figures and the printed Acc
     saved = exported[(exported.view == "comparable") & (exported.column == "MACs")]
-    assert saved.ours.iloc[0] == pytest.approx(statistics.fmean([100 * (1 - 7.2e10 / 2e11), 100 * (1 - 7e10 / 2e11)]))
+    assert saved.ours.iloc[0] == pytest.approx(statistics.fmean([100 * (1 - m * 0.8 / (2e11 * 0.99)) for m in (7.2e10, 7e10)]))
     assert counts["not produced by qtrain"] == (load_table("fractrain_table3").method == "").sum()
     assert exported[exported.view == "not run yet"].why.str.startswith("qtrain ").all()
     dynasty = pd.read_csv(tmp_path / "t-dynasty_table1.csv")

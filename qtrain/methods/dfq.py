@@ -15,38 +15,51 @@ reference (``outside: null``), or at ``outside: {fw, bw}`` (weights, as everywhe
 The gates run in float32. Activation
 ranges: the tensor's global min/max (the reference's ``reduce_type='extreme'``) with the running
 average the reference keeps for evaluation (``act_momentum``, its weight on the old value). The
-reference runs a block once per run option, so its block layers update their running range K times
-a step (K run options, nearly the same batch range each time); ``per_sample`` runs them once and
-weighs the old value ``act_momentum ** K``, the same per-step decay (``mix_all`` runs K times at
-``act_momentum``). Under ``per_sample`` a block runs once over the whole batch in training (a sample that
-skips it at its most probable run option, its output discarded), so its batch-norm statistics and
-activation ranges are the whole batch's, as in the reference, where every option runs on the whole batch.
+reference runs a block once per run option, so its block layers update their running range and their
+batch norms' running statistics K times a step (K run options, nearly the same batch each time);
+``per_sample`` runs them once and weighs the old value ``act_momentum ** K`` (batch norm: ``(1 - momentum) ** K``),
+the same per-step decay (``mix_all`` runs K times at the configured momenta; the one extra batch-norm update
+the reference's skip path gives a downsampling block's projection is not reproduced). Under ``per_sample`` a
+block runs once over the whole batch in training (a sample that skips it at its most probable run option, its
+output discarded), so its batch-norm statistics and activation ranges are the whole batch's, as in the
+reference, where every option runs on the whole batch. Its gradient range is one for the whole batch, each
+sample rounded at its own option's bits; the reference (and ``mix_all``) quantizes each option's gradient
+over the whole batch, masked to the samples that chose it, with that option's own range.
 
 Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
-gated block, in units of an average gated block's float32 forward MACs: the reference code's unit
-(per sample and block, the block's GEMM cost fractions times its FLOPs over the mean block's), so the
-default ``beta = 1e-3`` exerts the reference's pressure. The reference weighs blocks by their FLOPs for
-MobileNetV2 only and counts every ResNet block as one (its ``conv_info`` defaults to ones); qtrain
-weighs every block by its MACs, the paper's cost, so a ResNet downsampling block (about 0.78 of a
-plain one) weighs a little less than in the reference. Its sign follows the measured cp: +beta at or above
-the target, -beta below, so cp settles at the target (Algorithm 2, line 5). The controller's ``cp`` is
-in percent of float32 over ``cp_scope``: ``blocks`` (the reference: the gated blocks' cost over their
-float32 cost; the float32 stem, classifier and gates are not counted) or ``model`` (the whole model,
-as the cost meter counts it). The cost meter always charges every layer, so ``percent_of_float32`` in
-the results is the whole model's.
+gated block, in the reference code's unit: per sample and block, the block's GEMM cost fractions times its
+weight over the mean block's weight, so the default ``beta = 1e-3`` exerts the reference's pressure. A block's
+weight (``cp_weights``) is one for every block (``blocks``, default: the reference's ResNets, whose
+``conv_info`` defaults to ones in train_dfq.py and train_frac.py) or its MACs (``macs``: the paper's cost,
+Sec. 3.2; the default for MobileNetV2 through its model config, whose blocks the reference's train_dfq.py
+weighs by FLOPs; train_frac.py does so only when given ``--conv_info``). Its sign follows the measured cp:
++beta at or above the target, -beta below, so cp settles at the target (Algorithm 2, line 5); metrics.csv's
+``cost_term`` is the epoch's mean of the signed term. The controller's ``cp`` is in percent of float32 over
+``cp_scope``: ``blocks`` (the reference: the gated blocks' cost over their float32 cost, each block weighed as
+above; the float32 stem, classifier and gates are not counted) or ``model`` (the whole model, weighed by MACs,
+as the cost meter counts it). The cost meter always charges every layer, so ``percent_of_float32`` in the
+results is the whole model's: at ``cp_scope: blocks`` it is above cp by the float32 layers outside the blocks
+(summary.json ``float32_layers.share_of_cost``; ResNet-38's float32 stem is 0.5 % of its MACs but, at 16x an
+8-bit MAC's price, about a fifth of DFQ's whole-model cost at cp 3 %), which the reference's tables leave out.
 
 A sample that skips a shape-changing block runs its projection shortcut in float32 (SkipNet, and the
 reference's ``ds(prev, 0, 0)``; ``skip_downsample: projection``). The reference's controller charges such a
 skip nothing (``skip_charge: none``, default); ``skip_charge: projection`` makes the controller's cp and cost
 term charge the float32 projection it runs (the cost meter and ``percent_of_float32`` always do).
-``skip_downsample: never`` masks the skip option of those blocks out. Departures from the reference code: it
-runs every option on every sample and mixes them (``execution: mix_all`` here, K times the work, the
-reference's exact gate gradient); ``per_sample`` (default) runs a block once over the batch, each sample at
-one option, and gives the gates an estimate of that gradient (:mod:`qtrain.methods.gates`). Option sets: the
+``skip_downsample: never`` masks the skip option of those blocks out. Departures from the reference code: its
+CIFAR code runs every option on every sample and mixes the block outputs (``execution: mix_all`` here, K times
+the work, that code's exact gate gradient); ``per_sample`` (default) runs a block once over the batch, each
+sample at one option, and gives the gates an estimate of that gradient (:mod:`qtrain.methods.gates`) in which
+every run option's output is the one that ran, so among run options the gates learn from the cost term alone
+(the reference's outputs differ by their quantization, a small task gradient): with an option set without a
+skip (ResNet-74's Table 3 set, Table 6's, the ImageNet one) only ``mix_all`` lets the task steer the choice.
+The reference's ImageNet code (``fractrain_imagenet/modules/quantize.py``) works differently from both: each
+convolution mixes its input quantized at every option's bits in one GEMM, so the gates get a gradient at every
+convolution; neither execution here reproduces that. Option sets: the
 model configs' ``dfq_options`` are appendix F's, which it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6,
 4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8, 6/10, 8/8); FW-0/BW-0 means a skip. The reference's released
 CIFAR scripts (train_dfq.py, train_frac.py) hard-code 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, and its Table 3
-logs (an earlier copy of the repository, Tubbz-alt/FracTrain,
+logs (an earlier copy of the repository, Tubbz-alt/FracTrain, fractrain_cifar/visualization/
 learning_curve_dyn/learning_curve/train_logs_resnet*_cr3_w4.txt: the logged cp per GEMM fitted against the
 logged option shares) show skip, 4/6, 6/8, 6/12, 8/16 for ResNet-38 and, without a skip, 3/6, 4/6, 6/8, ?,
 8/16 for ResNet-74 (the fourth is never chosen in the logs; qtrain fills it with 6/12, which sits there in
@@ -83,6 +96,7 @@ from qtrain.quant.quantizers import RangeLinear
 
 EXECUTIONS = ("per_sample", "mix_all")
 CP_SCOPES = ("blocks", "model")
+CP_WEIGHTS = ("blocks", "macs")
 SKIP_DOWNSAMPLE = ("projection", "never")
 SKIP_CHARGES = ("none", "projection")
 
@@ -123,6 +137,10 @@ class DFQ(Method):
                 raise ConfigError(f"method.gate.{key}={value!r} is not allowed: it must be {allowed}")
         check_choice(cfg, "execution", EXECUTIONS)
         check_choice(cfg, "cp_scope", CP_SCOPES)
+        check_choice(cfg, "cp_weights", CP_WEIGHTS)
+        if cfg.cp_scope == "model" and cfg.cp_weights == "blocks":
+            raise ConfigError("method.cp_weights=blocks is not allowed with method.cp_scope=model: the whole model's "
+                              "cp weighs every layer by its MACs (set method.cp_weights=macs)")
         check_choice(cfg, "skip_downsample", SKIP_DOWNSAMPLE)
         check_choice(cfg, "skip_charge", SKIP_CHARGES)
         check_positive(cfg, "beta")
@@ -142,7 +160,7 @@ class DFQ(Method):
         self.cost_units: torch.Tensor | None = None  # (blocks, options): the same cost in the loss's unit
         self.fixed_cp = 0.0
         self._record: PrecisionRecord = {}
-        self._cp_sum, self._samples = 0.0, 0
+        self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
 
     def check_target(self) -> None:
         check_positive(self.cfg, "target_cp", high=100)
@@ -196,9 +214,13 @@ class DFQ(Method):
             projection = f"{names[i]}.block.{gated.block.projection_name}" if gated.skip_by_projection else None
             self.skip_layers.append(projection)
         in_blocks = {n for layers in self.block_layers for n, _ in layers}
-        if cfg.execution == "per_sample":  # one running-range update a step for the reference's K (docstring)
+        if cfg.execution == "per_sample":  # one running-range and batch-norm update a step for the reference's K
+            runs = len(self.run_options)
             for name in in_blocks:
-                model.get_submodule(name).quant.act.momentum = float(cfg.act_momentum) ** len(self.run_options)
+                model.get_submodule(name).quant.act.momentum = float(cfg.act_momentum) ** runs
+            for norm in (m for b in self.blocks for m in b.block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)):
+                if norm.momentum is not None:  # torch's momentum is the weight on the new value
+                    norm.momentum = 1.0 - (1.0 - norm.momentum) ** runs
         self.outside_record = uniform_record(model, [n for n in swapped if n not in in_blocks])
         self._record = dict(self.outside_record)
         self.model = model
@@ -230,17 +252,23 @@ class DFQ(Method):
             rows.append(skip + row)
             block_macs.append(sum(macs[n] for n, _ in layers))
         costs = torch.tensor(rows, dtype=torch.float64)  # effective MACs per sample
+        block_macs = torch.tensor(block_macs, dtype=torch.float64).unsqueeze(1)
+        # each block's weight in cp and the cost term: one each (the reference) or its MACs (the paper's cost)
+        weights = block_macs if self.cfg.cp_weights == "macs" else torch.ones_like(block_macs)
+        relative = costs / block_macs  # a block's cost at each option in its own float32 forward MACs
         in_blocks = {n for layers in self.block_layers for n, _ in layers}
         if self.cfg.cp_scope == "blocks":
-            float32, fixed = 3.0 * sum(block_macs), 0.0
+            cost_cp, fixed = relative * weights * (100.0 / (3.0 * weights.sum())), 0.0
         else:
             float32 = 3.0 * sum(macs.values())
-            fixed = sum(m * sum(self.outside_record[n].gemm_fractions if n in self.outside_record else (1.0, 1.0, 1.0))
-                        for n, m in macs.items() if n not in in_blocks)
+            cost_cp = costs * (100.0 / float32)
+            fixed = 100.0 / float32 * sum(
+                m * sum(self.outside_record[n].gemm_fractions if n in self.outside_record else (1.0, 1.0, 1.0))
+                for n, m in macs.items() if n not in in_blocks)
         device = next(model.parameters()).device
-        self.cost_cp = (costs * (100.0 / float32)).to(device, torch.float32)
-        self.cost_units = (costs / (sum(block_macs) / len(block_macs))).to(device, torch.float32)
-        self.fixed_cp = 100.0 * fixed / float32
+        self.cost_cp = cost_cp.to(device, torch.float32)
+        self.cost_units = (relative * weights / weights.mean()).to(device, torch.float32)
+        self.fixed_cp = fixed
         return macs
 
     def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
@@ -250,12 +278,14 @@ class DFQ(Method):
         # the controller's sign reads the cp of the whole micro-batch (over every process); the record is this
         # process's own samples, which the cost meter charges
         local = len(self.blocks[0].gates)
-        measured_cp = distributed.mean_over_samples(cp.detach(), local, info.samples)
-        measured, *flat = torch.cat([measured_cp.view(1), shares.detach().flatten()]).tolist()
+        measured = distributed.mean_over_samples(torch.stack([cp.detach(), cost.detach() / info.samples]), local,
+                                                 info.samples)
+        measured_cp, unit_cost, *flat = torch.cat([measured, shares.detach().flatten()]).tolist()
         self._record = self._step_record(flat)
-        self._cp_sum += measured * info.samples
+        beta = self.cfg.beta if measured_cp >= self.target_cp() else -self.cfg.beta
+        self._cp_sum += measured_cp * info.samples
+        self._term_sum += beta * unit_cost * info.samples * info.samples  # the batch's term, weighted as its loss
         self._samples += info.samples
-        beta = self.cfg.beta if measured >= self.target_cp() else -self.cfg.beta
         return loss + beta * cost
 
     def _step_record(self, flat_shares: list[float]) -> PrecisionRecord:
@@ -277,4 +307,5 @@ class DFQ(Method):
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         metrics["cp"] = self._cp_sum / self._samples if self._samples else float("nan")
         metrics["target_cp"] = self.target_cp()
-        self._cp_sum, self._samples = 0.0, 0
+        metrics["cost_term"] = self._term_sum / self._samples if self._samples else float("nan")
+        self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0

@@ -57,6 +57,16 @@ Where this departs from the paper or fills a gap it leaves:
 - An activation map covers one full batch (blocks of 4 samples x 4 channels at each spatial
   position or token); a smaller last batch uses its first rows. The exponent is float32's (8 bits over the
   normal range; blocks below 2^-126 keep the subnormal grid).
+- One lambda for every block of weights and activations together (Sec. 3.2.2: "a single hyperparameter");
+  the paper's Fig. 5 discussion follows the weights' and the activations' average widths apart, which
+  could also be read as a target per operand type: not offered.
+- Batch norm and the weight update stay float32, and weight gradients are not quantized: the paper's
+  footnote 1 divides "weight and weight gradients" into blocks, but no GEMM takes the weight gradient
+  as an input, so its blocks would only store it; ``grad_output`` is the backward's static 8-bit operand.
+- ``act_map: forward`` puts two mapped operands into the forward GEMM (weight and activation), against
+  Sec. 3.1's one static 8-bit operand per GEMM; the bit-serial model (:mod:`qtrain.cost.bit_serial`)
+  prices such a GEMM with the narrower of the two as the serial operand, a bound a hardware with one
+  dynamic operand would not reach.
 - See :mod:`qtrain.methods.dynasty_map` for Algorithm 1's computation weighting and edge cases.
 """
 

@@ -7,9 +7,11 @@ precision stages do (:mod:`qtrain.methods.progressive`). The targets are ``cp_sc
 rising by ``cp_step``, whose mean is ``cp_total`` (``cp_i = cp_total + (i - (M-1)/2) * cp_step``).
 
 Everything else is DFQ's, with the reference's ``train_frac.py`` defaults where they differ from its
-DFQ script: the running activation range weighs its old value 0.1 (``act_momentum``). Departure: the
-reference feeds its indicator the training loss with the signed cost term added, which flips with
-the controller; qtrain feeds it the task loss, as the paper's Algorithm 1 describes.
+DFQ script: the running activation range weighs its old value 0.1 (``act_momentum``). The indicator
+reads, as the reference does (``train_frac.py`` sums ``loss.item()`` of ``loss_cls + computation_loss * reg``),
+the epoch's mean training objective: the task loss plus the signed cost term, whose sign flips with the
+controller (``indicator_loss: total``; metrics.csv ``train_objective``, the term alone ``cost_term``).
+Algorithm 2 says only "as in Algorithm 1", which reads the task loss: ``indicator_loss: task``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from qtrain.errors import ConfigError
-from qtrain.methods.base import check_positive
+from qtrain.methods.base import check_choice, check_positive
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.progressive import StageSchedule
 
@@ -34,7 +36,9 @@ class FracTrain(DFQ):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        self.schedule = StageSchedule(len(self.targets), cfg)
+        check_choice(cfg, "indicator_loss", ("total", "task"))
+        self.schedule = StageSchedule(len(self.targets), cfg,
+                                      "train_objective" if cfg.indicator_loss == "total" else "train_loss")
 
     def check_target(self) -> None:
         cfg = self.cfg
@@ -54,6 +58,7 @@ class FracTrain(DFQ):
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         super().end_epoch(epoch, metrics)
+        metrics["train_objective"] = metrics["train_loss"] + metrics["cost_term"]
         self.schedule.end_epoch(epoch, metrics)
 
     def state_dict(self) -> dict[str, Any]:

@@ -18,8 +18,9 @@ Execution (``execution``):
   it at its option and each sample that skips it at its most probable run option: every quantized
   layer of the block shares its weight, GEMM and quantization range over the batch and rounds each
   sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`).
-  Batch norm's batch statistics, its running statistics (updated once a step) and the activation
-  ranges are thus the whole batch's, as in the reference, where every option runs on the whole batch.
+  Batch norm's batch statistics and the activation ranges are thus the whole batch's, as in the
+  reference, where every option runs on the whole batch (their running averages are updated once a
+  step, with the momenta DFQ sets to the reference's K updates' decay).
   A sample's output is its option's (the block's output, or the skip's); the block's weights get task
   gradient only from the samples that run it (a skipping sample's block output enters detached, as the
   reference's gate, 0 in the forward pass, masks it), though batch statistics couple the rows as in any
@@ -54,8 +55,9 @@ toward the other end, so the running samples alone would drive the gates to skip
 ResNet-20 CIFAR-10 miniature, 1,536 images, cp target 3, when ``per_sample`` still ran the block over the
 samples that take it alone: epochs 2-4 at cp 0.7-0.8 with the running samples' side alone, 2.2-2.5 with
 both; 2.7-2.9 under ``mix_all``, epochs 2-3). Without a skip option the task
-gives the gates no gradient, as in the reference's mixture of equal ``A``: the cost term (in DFQ's
-loss) alone moves them, and it reaches every option through the probabilities.
+gives the gates no gradient here: the cost term (in DFQ's loss) alone moves them, and it reaches every
+option through the probabilities. The reference's run options' outputs differ by their quantization, so
+its ``A`` differ a little and the task steers the choice among them a little; ``mix_all`` keeps that.
 
 The skip option (FW-0/BW-0) passes a sample through unchanged where the block keeps the shape. A
 block that changes the shape skips through its projection shortcut in float32, as SkipNet and the

@@ -67,7 +67,7 @@ class LossIndicator:
 class StageSchedule:
     """The current stage of ``stages``; ``cfg`` holds switch, epsilon, alpha, window, scale_epochs, manual_epochs."""
 
-    def __init__(self, stages: int, cfg: DictConfig) -> None:
+    def __init__(self, stages: int, cfg: DictConfig, loss: str = "train_loss") -> None:
         if cfg.switch not in ("auto", "manual"):
             raise ConfigError(f"method.switch={cfg.switch!r} is not allowed (choose from: auto, manual)")
         for key in ("epsilon", "alpha"):
@@ -83,17 +83,18 @@ class StageSchedule:
             raise ConfigError(f"method.manual_epochs={self.manual_epochs} is not allowed: with switch=manual it lists the "
                               f"{stages - 1} increasing epochs (>= 1) after which the next of the {stages} stages starts")
         self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.window, cfg.scale_epochs)
+        self.loss = loss  # the metrics.csv column the indicator reads
         self.stage = 0
 
     def end_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
         """After epoch ``epoch`` (0-based): True when the next stage starts.
 
-        Reads the epoch's ``train_loss`` and adds the metrics.csv columns: the stage the epoch trained
+        Reads the epoch's loss (``metrics[self.loss]``) and adds the metrics.csv columns: the stage the epoch trained
         at, the indicator's loss difference and the epsilon it was compared with (also in the last
         stage and under manual switching, where the indicator only watches).
         """
         trained, last = self.stage, self.stage == self.stages - 1
-        fired = self.indicator.update(metrics["train_loss"], may_turn=not (self.manual or last))
+        fired = self.indicator.update(metrics[self.loss], may_turn=not (self.manual or last))
         turning = not last and (epoch + 1 == self.manual_epochs[self.stage] if self.manual else fired)
         self.stage += turning
         metrics.update(stage=trained, loss_difference=self.indicator.last_difference,

@@ -19,6 +19,13 @@ GEMMs it quantized there is qtrain's reading). Both of their gradients flow back
 so both take the error path's bits: Banner's wider weight-gradient path is for weight gradients, and
 a MatMul has no weight.
 
+FracTrain's reference code runs its SBM baseline (``fractrain_cifar/train_base.py``) with the global
+activation range and the classifier in float32 (the FracTrain experiments' SBM commands set
+``act_range: tensor``, ``last_layer: float32``), and on MobileNetV2 with float32 weights
+(``WEIGHT_BITS = 0``) while its cost line charges them at 8 bits; qtrain quantizes the weights it charges
+at ``weight_bits``, so its Table 1 SBM rows train what their cost says (the reference's accuracy there
+is that of float32 weights).
+
 The same quantizers serve PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use
 when (:func:`range_linear_quantizers`, :func:`check_range_linear`).
 """
