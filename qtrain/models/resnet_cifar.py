@@ -4,7 +4,10 @@ depth 9n+2 with bottleneck blocks (ResNet-164: n = 18).
 Three stages of n blocks with 16/32/64 channels (FracTrain's reference code, GATECH-EIC/FracTrain
 ``fractrain_cifar/models.py``: ResNet-38 = [6,6,6], ResNet-74 = [12,12,12], ResNet-110 = [18,18,18]);
 downsampling shortcuts are 1x1 convolutions with batch norm (the "option B" of the FracTrain/SkipNet
-reference code). Global average pooling makes any input size work.
+reference code). Global average pooling makes any input size work. Convolutions start from He et al.'s
+normal initialization (fan-out); the classifier keeps torch's default (uniform in +-1/sqrt(in)), where
+FracTrain's reference code draws it from a normal of standard deviation sqrt(2/(in*out)): both small
+enough that the first epochs' logits start near zero.
 
 ResNet-164 (FracTrain appendix B, Table 6) is the bottleneck network of He et al. 2016, "Identity Mappings
 in Deep Residual Networks" (Sec. 4): blocks of a 1x1 convolution to the stage's width, a 3x3 convolution
