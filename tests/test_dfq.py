@@ -254,6 +254,21 @@ def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
         assert cp == pytest.approx(meter.percent_of_float32())
 
 
+@pytest.mark.parametrize("projection", ["float32", "quantized"])
+def test_resnet18s_projection_shortcuts_run_in_float32_outside_cp_as_the_references_imagenet_code(projection):
+    dfq, net, meter = _prepared(f"method.projection={projection}", model="resnet18")
+    shortcut = net.layer2[0].block.shortcut[0]
+    in_cp = {n for layers in dfq.block_layers for n, _ in layers}
+    assert ("layer2.0.block.shortcut.0" in in_cp) == (projection == "quantized")
+    assert hasattr(shortcut, "quant") == (projection == "quantized")
+    net.gate_controller.forced = 0  # every block at FW-3/BW-6, weights at 6 bits
+    _step(dfq, net, meter, torch.randn(4, 3, 8, 8))
+    table = meter.table().set_index("layer")
+    charged = table["effective_macs"]["layer2.0.block.shortcut.0"] / table["float32_macs"]["layer2.0.block.shortcut.0"]
+    assert charged == pytest.approx(1.0 if projection == "float32" else _fractions(6, 3, 6) / 3)
+    assert dfq._cp_sum / dfq._samples == pytest.approx(100 * _fractions(6, 3, 6) / 3)  # cp: the quantized layers alone
+
+
 def test_a_random_mixture_is_charged_exactly_what_cp_says():
     torch.manual_seed(2)
     dfq, net, meter = _prepared("method.cp_scope=model", "method.cp_weights=macs")

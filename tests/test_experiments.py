@@ -102,6 +102,7 @@ def test_fractrain_table4_follows_the_reference_imagenet_command(model):
     assert (cfg.method.epsilon, cfg.method.alpha, cfg.method.act_momentum) == (0.05, 0.3, 0.9)
     assert [list(o) for o in cfg.method.options] == [[3, 6], [4, 8], [6, 12], [8, 16]] and cfg.method.weight_bits == 6
     assert dict(cfg.method.gate) == {"width": None, "embed": 40, "hidden": 20}
+    assert cfg.method.projection == "float32"  # fractrain_imagenet/models.py: plain nn.Conv2d shortcuts
     sbm = make_config("experiment=fractrain_imagenet", "method=sbm", f"model={model}")  # the header's SBM sweep
     assert (sbm.method.name, sbm.train.epochs, sbm.model.name) == ("sbm", 90, model)
 

@@ -68,8 +68,10 @@ take a model config's ``dfq_table3_options`` (ResNet-38, ResNet-74) and the rele
 other model. (The reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.)
 For ResNet-18/34 the paper gives no options; the model configs take the reference's ImageNet ones
 (``fractrain_imagenet/train_frac.py``: FW 3/4/6/8 paired with BW 6/8/12/16, no skip). That code runs the
-projection shortcuts of its ImageNet ResNets in float32 (plain ``nn.Conv2d``); qtrain quantizes them, as every
-convolution of a gated block, at the sample's option. The reference charges MobileNetV2's depthwise
+projection shortcuts of its ImageNet ResNets in float32 (plain ``nn.Conv2d``), outside cp: so does qtrain where
+``projection: float32`` (the ResNet-18/34 model configs' ``dfq_projection``), the cost meter charging them at
+float32 for every sample; ``projection: quantized`` (every other model's) quantizes them at the sample's
+option, as every convolution of a gated block and as the reference's CIFAR code. The reference charges MobileNetV2's depthwise
 convolutions as a constant at 8-bit weights and adds that quantized cost to cp's denominator; qtrain charges
 them inside their block, at ``weight_bits`` weights, only when the block runs, against their float32 cost.
 """
@@ -99,6 +101,7 @@ CP_SCOPES = ("blocks", "model")
 CP_WEIGHTS = ("blocks", "macs")
 SKIP_DOWNSAMPLE = ("projection", "never")
 SKIP_CHARGES = ("none", "projection")
+PROJECTIONS = ("quantized", "float32")
 
 
 def parse_options(options: Any) -> list[tuple[int, int]]:
@@ -143,6 +146,7 @@ class DFQ(Method):
                               "cp weighs every layer by its MACs (set method.cp_weights=macs)")
         check_choice(cfg, "skip_downsample", SKIP_DOWNSAMPLE)
         check_choice(cfg, "skip_charge", SKIP_CHARGES)
+        check_choice(cfg, "projection", PROJECTIONS)
         check_positive(cfg, "beta")
         self.check_target()
         options = parse_options(cfg.options)
@@ -194,9 +198,14 @@ class DFQ(Method):
         def block_of(name: str) -> int | None:
             return next((i for i, b in enumerate(names) if name.startswith(f"{b}.block.")), None)
 
+        def float32_projection(name: str) -> bool:
+            i = block_of(name)
+            return (cfg.projection == "float32" and i is not None
+                    and name == f"{names[i]}.block.{self.blocks[i].block.projection_name}")
+
         def quantizers(name: str, layer: nn.Module) -> Any:
-            if ".embed." in name or name.startswith("gate_controller."):
-                return None  # the gates stay float32
+            if ".embed." in name or name.startswith("gate_controller.") or float32_projection(name):
+                return None  # the gates stay float32, and so may the projection shortcuts
             if is_depthwise(layer) and cfg.depthwise_bits is not None:
                 return range_linear_quantizers(self._bits(cfg.depthwise_bits.fw, cfg.depthwise_bits.bw), cfg)
             if block_of(name) is not None:  # bits set per sample, at most the widest option's (which sizes the codes)
