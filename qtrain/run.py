@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, validate
-from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, operand_sizes, to_target
+from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, to_target
 from qtrain.data import DATASETS, data_task, load_data
 from qtrain.data.base import Periods
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
@@ -370,7 +370,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     if cfg.train.batches_per_epoch is not None:
         train_batches = Periods(train_batches, cfg.train.batches_per_epoch)
     sample = train_batches.example(2)
-    meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))
+    meter = CostMeter(method.profile(model, sample), method.operand_sizes(model, sample))
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     if train_batches.smallest_part() < 1:

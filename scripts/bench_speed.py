@@ -113,7 +113,7 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     from hydra import compose, initialize_config_dir
 
     from qtrain.cli import conf_dir
-    from qtrain.cost import CostMeter, operand_sizes
+    from qtrain.cost import CostMeter
     from qtrain.methods import RunFacts, StepInfo, build_method
     from qtrain.methods.adapt_switching import Format
     from qtrain.task import Task
@@ -130,7 +130,7 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     model, x, y, samples_per_epoch = _workload(model_name, batch)
     model, x, y = method.prepare(model.to(device)).to(device), x.to(device), y.to(device)
     sample = x[:2]
-    meter = CostMeter(method.profile(model, sample), operand_sizes(model, sample))  # hardware models too, as a run
+    meter = CostMeter(method.profile(model, sample), method.operand_sizes(model, sample))  # hardware models too, as a run
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     method.attach(opt, RunFacts(batch, 1, samples_per_epoch))
     info = StepInfo(0, 0, batch)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qtrain.cost import CostMeter
+from qtrain.cost import CostMeter, operand_sizes
 from qtrain.errors import ConfigError
 from qtrain.methods import StepInfo, build_method
 from qtrain.methods.dfq import DFQ
@@ -223,6 +223,28 @@ def test_a_skipped_block_is_the_identity_or_its_float32_projection_and_costs_tha
     assert costs["layer1.2.block.conv1"] == 0 and costs["layer3.1.block.conv2"] == 0
     assert costs["layer2.0.block.conv1"] == 0
     assert costs["layer2.0.block.shortcut.0"] == 4 * 3 * table["macs_per_sample"]["layer2.0.block.shortcut.0"]
+
+
+def test_operand_sizes_count_every_gated_layer_even_where_the_gates_skip_every_sample():
+    dfq, net, _ = _prepared(OPTIONS)
+    net.gate_controller.forced = 0  # in evaluation every sample skips every block
+    x = torch.zeros(2, 3, 8, 8)
+    macs = dfq.profile(net, x)
+    net.gate_controller.forced = 0
+    skipped = operand_sizes(net, x)
+    assert skipped["layer1.0.block.conv1"].inputs == skipped["layer1.0.block.conv1"].weight == 0
+    with pytest.raises(ValueError, match="layer1.0.block.conv1"):
+        CostMeter(macs, skipped)
+    net.gate_controller.forced = 0
+    sizes = dfq.operand_sizes(net, x)
+    # resnet20 on 8x8 inputs: 16 channels at 8x8, 32 at 4x4 (a stride-2 3x3 and a 1x1 projection from 16), 64 at 2x2
+    assert vars(sizes["layer1.0.block.conv1"]) == vars(sizes["layer1.2.block.conv2"]) == {
+        "weight": 16 * 16 * 9, "inputs": 16 * 8 * 8, "outputs": 16 * 8 * 8, "weight_per_sample": False}
+    assert (sizes["layer2.0.block.conv1"].weight, sizes["layer2.0.block.conv1"].inputs,
+            sizes["layer2.0.block.conv1"].outputs) == (16 * 32 * 9, 16 * 8 * 8, 32 * 4 * 4)
+    assert (sizes["layer2.0.block.shortcut.0"].weight, sizes["layer2.0.block.shortcut.0"].outputs) == (16 * 32, 32 * 4 * 4)
+    assert (sizes["layer3.2.block.conv2"].weight, sizes["layer3.2.block.conv2"].outputs) == (64 * 64 * 9, 64 * 2 * 2)
+    CostMeter(macs, sizes)  # every layer with MACs moves its operands
 
 
 def test_a_block_that_cannot_skip_always_runs():

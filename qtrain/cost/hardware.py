@@ -53,6 +53,10 @@ class HardwareMeter:
 
     def __init__(self, macs: dict[str, int], sizes: dict[str, OperandSizes],
                  models: tuple[HardwareModel, ...] = (BitSerial(), BitFusion())) -> None:
+        unsized = [name for name, n in macs.items() if n and not (sizes[name].inputs and sizes[name].outputs)]
+        if unsized:  # profiled with the layer not running (a gate skipping it): it would move nothing for the run
+            raise ValueError(f"layers {', '.join(unsized)} have MACs but no operand elements: profile their sizes with "
+                             "every layer running (Method.operand_sizes)")
         self.macs, self.sizes, self.models = macs, sizes, models
         self.layers = {m.name: {name: [0.0] * len(self.FIGURES) for name in macs} for m in models}
         # a step's record mostly repeats the last one's; bounded, since DFQ's per-sample shares change every step

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch import nn
 
-from qtrain.cost.profile import profile_macs
+from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
 from qtrain.precision import PrecisionRecord
 
@@ -108,6 +108,11 @@ class Method:
     def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
         """MACs per sample of every costed layer (called once after :meth:`prepare`, in eval mode)."""
         return profile_macs(model, sample)
+
+    def operand_sizes(self, model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
+        """Operand elements of every layer :meth:`profile` costs, each layer running as it does there (what the
+        hardware models move through memory)."""
+        return operand_sizes(model, sample)
 
     def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
         """Add method terms to the task loss."""

@@ -86,7 +86,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 
 from qtrain import distributed
-from qtrain.cost.profile import profile_macs
+from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, StepInfo, check_bits, check_choice, check_positive
 from qtrain.methods.gates import GateController, GatedBlock
@@ -248,6 +248,12 @@ class DFQ(Method):
             self.controller.forced = None
             for b, execution in zip(self.blocks, executions):
                 b.execution = execution
+
+    def operand_sizes(self, model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
+        """Every block running, as in :meth:`profile`: in evaluation a block runs only the samples its gate does
+        not skip, so a block the gates skip on ``sample`` would move no operand for the whole run."""
+        with self._every_block_running():
+            return operand_sizes(model, sample)
 
     def profile(self, model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
         """Profile with every block running once, then tabulate each block's cost per option."""
