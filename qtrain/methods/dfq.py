@@ -289,19 +289,18 @@ class DFQ(Method):
     def loss(self, loss: torch.Tensor, info: StepInfo) -> torch.Tensor:
         shares = torch.stack([block.gates.mean(0) for block in self.blocks])
         cp = self.fixed_cp + (shares * self.cost_cp).sum()
-        cost = (shares * self.cost_units).sum() * info.samples
+        per_sample = (shares * self.cost_units).sum()  # the loss's term is beta times the batch's sum of it
         # the controller's sign reads the cp of the whole micro-batch (over every process); the record is this
         # process's own samples, which the cost meter charges
         local = len(self.blocks[0].gates)
-        measured = distributed.mean_over_samples(torch.stack([cp.detach(), cost.detach() / info.samples]), local,
-                                                 info.samples)
-        measured_cp, unit_cost, *flat = torch.cat([measured, shares.detach().flatten()]).tolist()
+        measured = distributed.mean_over_samples(torch.stack([cp, per_sample]).detach(), local, info.samples)
+        measured_cp, measured_cost, *flat = torch.cat([measured, shares.detach().flatten()]).tolist()
         self._record = self._step_record(flat)
         beta = self.cfg.beta if measured_cp >= self.target_cp() else -self.cfg.beta
         self._cp_sum += measured_cp * info.samples
-        self._term_sum += beta * unit_cost * info.samples * info.samples  # the batch's term, weighted as its loss
+        self._term_sum += beta * measured_cost * info.samples * info.samples  # the batch's term, weighted as its loss
         self._samples += info.samples
-        return loss + beta * cost
+        return loss + beta * per_sample * info.samples
 
     def _step_record(self, flat_shares: list[float]) -> PrecisionRecord:
         record = dict(self.outside_record)
