@@ -5,7 +5,9 @@ Every ``conf/experiment/<table>.yaml`` lists, in its header, the sweeps that mak
 This script fills them in, expands each sweep into its runs (the cartesian product of its comma-separated
 values, as Hydra's basic sweeper does, so each run lands in the directory the sweep would give it), runs them
 ``--jobs`` at a time (each with an equal share of the cores as torch threads), each run's output in
-``OUT/logs/``, then runs the report commands with any extra arguments. ``--only KEY=VALUE`` keeps the runs
+``OUT/logs/``, then runs the report commands with any extra arguments. A run that starts from another run of the
+table (``train.init_from=`` a directory that a run's ``hydra.run.dir=`` names, e.g. Table 5's pre-trainings) waits
+for it, and is not started if it failed. ``--only KEY=VALUE`` keeps the runs
 whose sweep gives KEY that value (e.g. ``--only model=resnet38`` for the ResNet-38 cells of a table that also
 sweeps ResNet-74). Finished runs are reported, not rerun, and a killed run resumes from its last epoch, so the
 script can simply be started again after an interruption::
@@ -22,7 +24,8 @@ import re
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
@@ -71,6 +74,34 @@ def selected(runs: list[list[str]], only: list[str]) -> list[list[str]]:
     return [run for run in runs if keeps(run)]
 
 
+def option(words: list[str], key: str) -> str | None:
+    """The value ``words`` give ``key``, or None."""
+    return next((w.partition("=")[2] for w in words if w.startswith(key + "=")), None)
+
+
+def run_all(runs: list[list[str]], jobs: int, launch: Callable[[list[str]], int]) -> list[int | None]:
+    """``launch`` every run, ``jobs`` at a time, in order; the exit codes, None for a run not started.
+
+    A run whose ``train.init_from`` is the ``hydra.run.dir`` of an earlier run waits for that run and is not
+    started (None) unless it exits 0. Runs start in list order, so a waiting run's producer has already started.
+    """
+    made_by: dict[str, Future] = {}
+    waits_for = [option(words, "train.init_from") for words in runs]
+
+    def launch_after(words: list[str], producer: Future | None) -> int | None:
+        if producer is not None and producer.result() != 0:
+            return None
+        return launch(words)
+
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = []
+        for words, source in zip(runs, waits_for):
+            futures.append(pool.submit(launch_after, words, made_by.get(source)))
+            if (target := option(words, "hydra.run.dir")) is not None:
+                made_by[target] = futures[-1]
+        return [future.result() for future in futures]
+
+
 def run(words: list[str], log: Path, threads: int) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     exe = Path(sys.executable).with_name(words[0])
@@ -113,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         picks = [re.sub(r"[^\w.]+", "_", w.partition("=")[2]).strip("_") for w in words[1:] if not w.startswith(shared)]
         return "-".join([args.table, *picks]) + ".log"
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        codes = list(pool.map(lambda words: run(words + ["progress=false"], logs / log_name(words), threads), runs))
+    codes = run_all(runs, args.jobs, lambda words: run(words + ["progress=false"], logs / log_name(words), threads))
     for words, code in zip(runs, codes):
-        print(f"{'ok' if code == 0 else f'FAILED ({code})'}: {shlex.join(words)}")
+        status = "ok" if code == 0 else "NOT RUN (the run it starts from failed)" if code is None else f"FAILED ({code})"
+        print(f"{status}: {shlex.join(words)}")
     for words in reports:
         subprocess.run([str(Path(sys.executable).with_name(words[0])), *words[1:], *args.report_args], check=False)
     return 0 if all(code == 0 for code in codes) else 1

@@ -199,7 +199,7 @@ def test_documented_commands_compose(experiment, command, tmp_path):
     from qtrain.config import check_command_line
 
     words = [w for w in shlex.split(command.replace("DATA", str(tmp_path)).replace("OUT", str(tmp_path))
-                                    .replace("P/", f"{tmp_path}/").replace("DIR", str(tmp_path)))]
+                                    .replace("DIR", str(tmp_path)))]
     multirun = words[0] == "-m"
     overrides = words[1:] if multirun else words
     check_command_line(overrides, conf_dir(), multirun)

@@ -1,6 +1,7 @@
 """scripts/run_table.py: a table's header sweeps become single runs in the directories the sweeps give them."""
 
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,36 @@ def test_an_only_that_matches_no_run_is_refused_before_any_work(tmp_path, capsys
     assert stop.value.code == 2
     assert "--only model=vgg matches none" in capsys.readouterr().err
     assert not (tmp_path / "logs").exists()
+
+
+def test_table5s_cifar10_halves_are_ten_runs_under_out_and_start_from_the_table_s_own_pretrainings(tmp_path):
+    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.header_commands("fractrain_table5")]
+    runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)], ["data=cifar10"])
+    assert len(runs) == 10
+    assert not any("cifar100" in w for r in runs for w in r)
+    pretrainings = [run_table.option(r, "hydra.run.dir") for r in runs[:2]]
+    assert pretrainings == [f"{tmp_path}/fractrain_table5/pretrain_adapt_cifar10",
+                            f"{tmp_path}/fractrain_table5/pretrain_finetune_cifar10"]
+    assert {run_table.option(r, "train.init_from") for r in runs[2:]} == set(pretrainings)
+    assert all(run_table.option(r, "hydra.sweep.dir") == f"{tmp_path}/fractrain_table5" for r in runs[2:])
+
+
+def test_a_run_waits_for_the_run_it_starts_from_and_is_not_started_when_that_one_fails():
+    finished: list[str] = []
+    started_after: dict[str, list[str]] = {}
+
+    def launch(words: list[str]) -> int:
+        name = words[1]
+        started_after[name] = list(finished)
+        if name == "slow":
+            time.sleep(0.3)
+        finished.append(name)
+        return 1 if name == "broken" else 0
+
+    runs = [["qtrain", "slow", "hydra.run.dir=/o/a"], ["qtrain", "broken", "hydra.run.dir=/o/b"],
+            ["qtrain", "from_a", "train.init_from=/o/a"], ["qtrain", "from_b", "train.init_from=/o/b"],
+            ["qtrain", "free"]]
+    codes = run_table.run_all(runs, 2, launch)
+    assert codes == [0, 1, 0, None, 0]
+    assert "slow" in started_after["from_a"]
+    assert "from_b" not in started_after
