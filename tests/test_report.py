@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from qtrain.cli import conf_dir
 from qtrain.report.cli import latex, main, report
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
-from qtrain.report.plots import _average_bits, write_plots
+from qtrain.report.plots import _average_bits, by_config, config_label, config_style, method_colour, write_plots
 from qtrain.report.runs import ReportError, find_runs
 from qtrain.report.tables import display_frame, run_frame, summary_frame
 
@@ -141,6 +141,32 @@ def test_dynasty_table_beside_ours(dynasty_sweep):
         == pytest.approx(74.0 - 77.0)
     assert ("CIFAR-100 / DYNASTY / 2", "Top 1 Validation Accuracy (%)") not in cells.index  # not run
     assert len(unmatched) == len(paper) - len(comparison)
+
+
+def test_a_sweep_names_its_default_value_in_the_table_and_the_legends(tmp_path):
+    fake_run(tmp_path, "d4", "dynasty", [0.7], [1e10], method_keys={"target_bits": 4})  # 4 is the file's default
+    fake_run(tmp_path, "d2", "dynasty", [0.6], [5e9], method_keys={"target_bits": 2})
+    fake_run(tmp_path, "d4-other", "dynasty", [0.7], [1e10], model="resnet20", method_keys={"target_bits": 4})
+    runs = find_runs([tmp_path])
+    frame = run_frame(runs).set_index("dir")
+    assert frame.loc[str(tmp_path / "d4"), "setting"] == "target_bits=4"
+    assert frame.loc[str(tmp_path / "d2"), "setting"] == "target_bits=2"
+    assert frame.loc[str(tmp_path / "d4-other"), "setting"] == ""  # alone on its model: nothing to tell apart
+    assert sorted(config_label(run, runs) for run in runs) == ["dynasty", "dynasty target_bits=2", "dynasty target_bits=4"]
+
+
+def test_a_methods_configurations_in_one_figure_are_shades_and_styles_of_its_colour(tmp_path):
+    for bits in (2, 3, 4):
+        fake_run(tmp_path, f"d{bits}", "dynasty", [0.7], [1e10], method_keys={"target_bits": bits})
+    fake_run(tmp_path, "s", "sbm", [0.7], [1e10])
+    configs = by_config(find_runs([tmp_path]))
+    styles = {name: config_style(members[0].method, name, configs) for name, members in configs.items()}
+    assert styles["sbm"] == (method_colour("sbm"), "-")  # alone in its method: its colour, a solid line
+    dynasty = [styles[f"dynasty target_bits={bits}"] for bits in (2, 3, 4)]
+    assert len({colour for colour, _ in dynasty}) == 3 and len({style for _, style in dynasty}) == 3
+    purple = method_colour("dynasty")
+    assert dynasty[1][0] == pytest.approx(purple)  # the middle of three is the method's own colour
+    assert all(a < b for a, b in zip(dynasty[0][0], purple)) and all(a > b for a, b in zip(dynasty[2][0], purple))
 
 
 def test_a_cell_matches_only_runs_with_its_setting(tmp_path):
@@ -402,7 +428,8 @@ def test_the_scale_files_settings_are_not_a_runs_setting(tmp_path):
              scale="mini", method_keys={"window": 4, "scale_epochs": 2})  # a window the run chose itself
     frame = run_frame(find_runs([tmp_path]))
     fractrain = frame[frame.method == "fractrain"]
-    assert sorted(fractrain.setting) == ["", "", "", "", "window=4"]
+    # the mini runs at the scale's window are named by it only because a mini run of the report chose another
+    assert sorted(fractrain.setting) == ["", "", "window=2", "window=2", "window=4"]
     assert set(fractrain.scale) == {"mini", "smoke"} and set(frame.config) == {""}  # the scale is its own column
     shown = display_frame(summary_frame(frame))
     assert "scale_epochs" not in " ".join(shown.setting) and set(shown.scale) == {"mini", "smoke"}

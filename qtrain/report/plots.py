@@ -8,10 +8,11 @@
 - average bit-width over epochs (DYNASTY Fig. 5);
 - the training loss with PFQ's turning points (FracTrain Sec. 3.1).
 
-One method has one colour in every figure, and one precision option (an FW/BW pair, a DYNASTY width) one colour
-in every allocation plot; layers are coloured by depth with a colour bar, not a legend. Runs that differ only in
-seed are one configuration: its mean over the seeds as a line, the band from the lowest to the highest seed
-(min-max), and each seed's points with a marker shape of its own (the same shape marks its PFQ stage rises).
+One method has one colour in every figure (its configurations in one figure, e.g. a sweep of DYNASTY's target,
+shades of it from dark to light, each with a line style of its own), and one precision option (an FW/BW pair, a
+DYNASTY width) one colour in every allocation plot; layers are coloured by depth with a colour bar, not a legend.
+Runs that differ only in seed are one configuration: its mean over the seeds as a line, the band from the lowest
+to the highest seed (min-max), and each seed's points with a marker shape of its own (the same shape marks its PFQ stage rises).
 """
 
 from __future__ import annotations
@@ -66,14 +67,14 @@ def method_colour(method: str) -> tuple[float, float, float]:
     return _PALETTE[METHODS.index(method)] if method in METHODS else (0.5, 0.5, 0.5)
 
 
-def config_label(run: Run) -> str:
-    """A configuration's name in legends: its method and setting."""
-    return " ".join(part for part in (run.method, setting(run)) if part)
+def config_label(run: Run, peers: list[Run]) -> str:
+    """A configuration's name in legends: its method and setting (among ``peers``, the figure's runs)."""
+    return " ".join(part for part in (run.method, setting(run, peers)) if part)
 
 
-def label(run: Run) -> str:
-    """A run's name in titles: its method, setting and seed."""
-    return f"{config_label(run)} seed {run.seed}"
+def label(run: Run, peers: list[Run]) -> str:
+    """A run's name in titles: its method, setting (among ``peers``) and seed."""
+    return f"{config_label(run, peers)} seed {run.seed}"
 
 
 SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -152,7 +153,7 @@ def _average_bits(precision: pd.DataFrame, column: str) -> pd.DataFrame:
     return rows.groupby(["epoch", "layer"], sort=False)["bits"].sum().reset_index()
 
 
-def precision_plot(run: Run, out: Path) -> Path | None:
+def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
     """Average bits per layer over epochs, one panel per operand (AdaPT's word length is its weight bits)."""
     precision = run.precision
     if precision.empty or "layer" not in precision:
@@ -171,12 +172,12 @@ def precision_plot(run: Run, out: Path) -> Path | None:
         axes_list.append(axes)
     axes.set_xlabel("epoch")
     _colour_bar(fig, scale, axes_list)
-    fig.suptitle(f"precision per layer (average over each epoch's work): {label(run)}, {run.model} on {run.data}",
+    fig.suptitle(f"precision per layer (average over each epoch's work): {label(run, peers)}, {run.model} on {run.data}",
                  fontsize=10)
     return _save(fig, out / f"precision-{_run_slug(run)}.png")
 
 
-def sparsity_plot(run: Run, out: Path) -> Path | None:
+def sparsity_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
     """The share of zero weights in each layer at each epoch's end (only where some layer is sparse)."""
     precision = run.precision
     if precision.empty or "density" not in precision or not (precision.density.dropna() < 1).any():
@@ -187,7 +188,7 @@ def sparsity_plot(run: Run, out: Path) -> Path | None:
     axes = fig.add_subplot()
     _colour_bar(fig, _layer_lines(axes, frame, "sparsity", list(dict.fromkeys(precision.layer))), [axes])
     axes.set(xlabel="epoch", ylabel="sparsity (% zero weights)")
-    fig.suptitle(f"sparsity per layer: {label(run)}, {run.model} on {run.data}", fontsize=10)
+    fig.suptitle(f"sparsity per layer: {label(run, peers)}, {run.model} on {run.data}", fontsize=10)
     return _save(fig, out / f"sparsity-{_run_slug(run)}.png")
 
 
@@ -204,29 +205,44 @@ def by_config(runs: list[Run]) -> dict[str, list[Run]]:
     """The runs by configuration (:func:`config_label`), each configuration's in seed order."""
     found: dict[str, list[Run]] = {}
     for run in runs:
-        found.setdefault(config_label(run), []).append(run)
+        found.setdefault(config_label(run, runs), []).append(run)
     return {name: sorted(members, key=lambda run: (run.seed is None, run.seed or 0)) for name, members in found.items()}
 
 
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def config_style(method: str, name: str, configs: dict[str, list[Run]]) -> tuple[tuple[float, ...], object]:
+    """The colour and line style of configuration ``name`` among ``configs``: its method's colour, shaded from dark
+    to light over the method's configurations (a sweep of one method), each with a line style of its own."""
+    mine = [other for other, members in configs.items() if members[0].method == method]
+    k, n = mine.index(name), len(mine)
+    shade = 0.0 if n == 1 else -0.45 + 0.9 * k / (n - 1)  # below 0 towards black, above towards white
+    base = method_colour(method)
+    colour = tuple(c * (1 + shade) if shade < 0 else c + (1 - c) * shade for c in base)
+    return colour, LINE_STYLES[k % len(LINE_STYLES)]
+
+
 def _config_lines(runs: list[Run], axes, x: str, y: str, scale_y: float = 1.0) -> bool:
-    """Per configuration, in its method's colour: the mean over its seeds of ``metrics[y]`` over ``metrics[x]``
-    (epoch by epoch) as a line, the min-max band over the seeds, and each seed's points in its marker; a
-    configuration of one seed is its line. False if no run has both columns."""
+    """Per configuration, in its method's colour (:func:`config_style`): the mean over its seeds of ``metrics[y]``
+    over ``metrics[x]`` (epoch by epoch) as a line, the min-max band over the seeds, and each seed's points in its
+    marker; a configuration of one seed is its line. False if no run has both columns."""
     drawn, seeds = False, 0
-    for name, members in by_config(runs).items():
+    configs = by_config(runs)
+    for name, members in configs.items():
         frames = [run.metrics[[x, y]].assign(at=run.metrics.epoch).dropna().assign(seed=i) for i, run in enumerate(members)
                   if not run.metrics.empty and {"epoch", x, y} <= set(run.metrics)]
         frames = [frame for frame in frames if not frame.empty]
         if not frames:
             continue
-        colour = method_colour(members[0].method)
+        colour, style = config_style(members[0].method, name, configs)
         for frame in frames:
             axes.plot(frame[x], frame[y] * scale_y, linestyle="none", marker=seed_marker(int(frame.seed.iloc[0])),
                       markersize=4, color=colour, alpha=0.8)
         epochs = pd.concat(frames).groupby("at")
         mean, low, high = epochs[[x, y]].mean(), epochs[y].min(), epochs[y].max()
         many = len(frames) > 1
-        axes.plot(mean[x], mean[y] * scale_y, "-", color=colour, linewidth=1.5,
+        axes.plot(mean[x], mean[y] * scale_y, linestyle=style, color=colour, linewidth=1.5,
                   label=f"{name} (mean of {len(frames)} seeds)" if many else f"{name} seed {members[0].seed}")
         if many:
             axes.fill_between(mean[x], low * scale_y, high * scale_y, color=colour, alpha=0.2, linewidth=0)
@@ -287,7 +303,7 @@ def _option_shares(precision: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
     return shares, "share of samples (%)"
 
 
-def bit_allocation_plot(run: Run, out: Path) -> Path | None:
+def bit_allocation_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
     """The last epoch's share of each precision option per layer, skipped work included (FracTrain Fig. 8).
 
     Drawn for the methods that allocate precision per sample or per block; a method that switches in time
@@ -307,7 +323,7 @@ def bit_allocation_plot(run: Run, out: Path) -> Path | None:
     axes.set_xticks(range(len(shares)), shares.index, rotation=90, fontsize=7)
     axes.set(ylabel=what, xlabel="layer", ylim=(0, 100))
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(f"bit allocation per layer, epoch {int(run.precision.epoch.max())}: {label(run)}, "
+    fig.suptitle(f"bit allocation per layer, epoch {int(run.precision.epoch.max())}: {label(run, peers)}, "
                  f"{run.model} on {run.data}", fontsize=10)
     return _save(fig, out / f"allocation-{_run_slug(run)}.png")
 
@@ -350,7 +366,7 @@ def turning_points_plot(group: Group, out: Path) -> Path | None:
     return _save(fig, out / f"loss-turning-points-{group.slug}.png")
 
 
-PER_RUN: tuple[Callable[[Run, Path], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
+PER_RUN: tuple[Callable[[Run, Path, list[Run]], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
 ACROSS_RUNS: tuple[Callable[[Group, Path], Path | None], ...] = (accuracy_cost_plot, average_bits_plot,
                                                                       turning_points_plot)
 
@@ -359,5 +375,5 @@ def write_plots(runs: list[Run], out: Path) -> list[Path]:
     """Every figure the runs have data for, as PNG files in ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     written = [plot(group, out) for group in groups(runs) for plot in ACROSS_RUNS]
-    written += [plot(run, out) for run in runs for plot in PER_RUN]
+    written += [plot(run, out, runs) for run in runs for plot in PER_RUN]
     return [path for path in written if path is not None]

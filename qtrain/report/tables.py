@@ -2,18 +2,20 @@
 
 A row's configuration is its method, model and data, its scale (``paper``, ``mini``, ``smoke``), its *setting*
 (the method's keys that differ from ``conf/method/<name>.yaml`` as the run's scale amends it in
-``conf/scale/method/<scale>_<name>.yaml``) and its *config* (any other key that differs between the report's runs
-of the same model, data and scale, such as epochs or lr). What a scale file sets is the scale's, shown once as the
-scale, never as a run's setting or config. Runs that differ only in ``seed`` or in their cross-validation
-fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default), or the figures of the
-row's best run, the one of the highest final test accuracy (lowest perplexity) (``aggregate="best"``: AdaPT's
-protocol, the best of 10 folds, as the reference code reports its tables).
+``conf/scale/method/<scale>_<name>.yaml``, or between the report's runs of the method, so a sweep names its
+default value too) and its *config* (any other key that differs between the report's runs of the same model, data
+and scale, such as epochs or lr). What a scale file sets is the scale's, shown once as the scale, not as a run's
+setting or config unless another run of the report sets it otherwise. Runs that differ only in ``seed`` or in
+their cross-validation fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default),
+or the figures of the row's best run, the one of the highest final test accuracy (lowest perplexity)
+(``aggregate="best"``: AdaPT's protocol, the best of 10 folds, as the reference code reports its tables).
 Savings against a baseline compare effective MACs with the baseline's row of the same model and data.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -52,13 +54,17 @@ def _text(value: Any) -> str:
     return str(value).replace(" ", "") if isinstance(value, list) else str(value)
 
 
-def setting(run: Run) -> str:
-    """The method's keys that differ from its config file's defaults at the run's scale, as ``key=value``
-    (FracTrain's FW/BW lists...)."""
+def setting(run: Run, peers: Iterable[Run] = ()) -> str:
+    """The method's keys that differ from its config file's defaults at the run's scale, and those whose value
+    differs from a peer's of the same method, model, data and scale (so a sweep's row at the default value is
+    named too), as ``key=value`` (FracTrain's FW/BW lists...)."""
     defaults = _method_defaults(run.method, run.scale)
     ours = flatten(run.config.get("method", {}))
-    return " ".join(f"{key}={_text(value)}" for key, value in sorted(ours.items())
-                    if key != "name" and defaults.get(key, value) != value and "${" not in str(defaults.get(key)))
+    kind = (run.method, run.model, run.data, run.scale)
+    swept = {key for peer in peers if (peer.method, peer.model, peer.data, peer.scale) == kind
+             for key, value in flatten(peer.config.get("method", {})).items() if key in ours and ours[key] != value}
+    return " ".join(f"{key}={_text(value)}" for key, value in sorted(ours.items()) if key != "name" and (
+        key in swept or defaults.get(key, value) != value and "${" not in str(defaults.get(key))))
 
 
 def figure(run: Run, name: str) -> float | None:
@@ -103,7 +109,7 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         keys = varying["/".join((run.model, run.data, run.scale))]
         rows.append({
-            "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run),
+            "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run, runs),
             "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None),
             "seed": run.seed, "fold": run.get("data.fold"), "status": run.status,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
