@@ -85,8 +85,7 @@ def run_all(runs: list[list[str]], jobs: int, launch: Callable[[list[str]], int]
     A run whose ``train.init_from`` is the ``hydra.run.dir`` of an earlier run waits for that run and is not
     started (None) unless it exits 0. Runs start in list order, so a waiting run's producer has already started.
     """
-    made_by: dict[str, Future] = {}
-    waits_for = [option(words, "train.init_from") for words in runs]
+    made_by: dict[str, Future] = {}  # hydra.run.dir -> the run that writes it
 
     def launch_after(words: list[str], producer: Future | None) -> int | None:
         if producer is not None and producer.result() != 0:
@@ -95,8 +94,8 @@ def run_all(runs: list[list[str]], jobs: int, launch: Callable[[list[str]], int]
 
     with ThreadPoolExecutor(jobs) as pool:
         futures = []
-        for words, source in zip(runs, waits_for):
-            futures.append(pool.submit(launch_after, words, made_by.get(source)))
+        for words in runs:
+            futures.append(pool.submit(launch_after, words, made_by.get(option(words, "train.init_from"))))
             if (target := option(words, "hydra.run.dir")) is not None:
                 made_by[target] = futures[-1]
         return [future.result() for future in futures]

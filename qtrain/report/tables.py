@@ -15,7 +15,7 @@ Savings against a baseline compare effective MACs with the baseline's row of the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any
 
@@ -56,15 +56,15 @@ def _text(value: Any) -> str:
 
 def setting(run: Run, peers: Iterable[Run] = ()) -> str:
     """The method's keys that differ from its config file's defaults at the run's scale, and those whose value
-    differs from a peer's of the same method, model, data and scale (so a sweep's row at the default value is
-    named too), as ``key=value`` (FracTrain's FW/BW lists...)."""
+    differs between the run's ``peers`` of the same method, model, data and scale (so a sweep's row at the default
+    value is named too), as ``key=value`` (FracTrain's FW/BW lists...)."""
     defaults = _method_defaults(run.method, run.scale)
     ours = flatten(run.config.get("method", {}))
     kind = (run.method, run.model, run.data, run.scale)
-    swept = {key for peer in peers if (peer.method, peer.model, peer.data, peer.scale) == kind
-             for key, value in flatten(peer.config.get("method", {})).items() if key in ours and ours[key] != value}
+    swept = _differing([peer for peer in peers if (peer.method, peer.model, peer.data, peer.scale) == kind],
+                       lambda key: key.startswith("method."))
     return " ".join(f"{key}={_text(value)}" for key, value in sorted(ours.items()) if key != "name" and (
-        key in swept or defaults.get(key, value) != value and "${" not in str(defaults.get(key))))
+        f"method.{key}" in swept or defaults.get(key, value) != value and "${" not in str(defaults.get(key))))
 
 
 def figure(run: Run, name: str) -> float | None:
@@ -86,18 +86,19 @@ def figure(run: Run, name: str) -> float | None:
     return totals[unit] if totals else run.last(name)
 
 
+def _differing(runs: list[Run], wanted: Callable[[str], bool]) -> list[str]:
+    """The config keys (dotted, those ``wanted``) whose values differ between ``runs``."""
+    keys = set().union(*(run.flat_config for run in runs))
+    return sorted(k for k in keys if wanted(k) and len({_text(run.get(k)) for run in runs}) > 1)
+
+
 def _varying(runs: list[Run]) -> dict[str, list[str]]:
     """Per (model, data, scale): the config keys outside ``method.`` whose values differ between its runs."""
     groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
         groups.setdefault((run.model, run.data, run.scale), []).append(run)
-    varying = {}
-    for key, members in groups.items():
-        keys = set().union(*(run.flat_config for run in members))
-        varying["/".join(key)] = sorted(
-            k for k in keys if not k.startswith(("method.", "hydra.")) and k not in IGNORED
-            and len({_text(run.get(k)) for run in members}) > 1)
-    return varying
+    return {"/".join(key): _differing(members, lambda k: not k.startswith(("method.", "hydra.")) and k not in IGNORED)
+            for key, members in groups.items()}
 
 
 def run_frame(runs: list[Run]) -> pd.DataFrame:
