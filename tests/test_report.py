@@ -515,6 +515,37 @@ def test_paper_tables_export_beside_the_runs_table(tmp_path):
     assert r"\% saved against SBM" in tex
 
 
+def test_paper_plots_put_each_cell_at_the_papers_value_and_ours(tmp_path):
+    from matplotlib.container import ErrorbarContainer
+
+    from qtrain.report.plots import paper_figure
+
+    _table3_mini(tmp_path / "runs")
+    report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "--plots", str(tmp_path / "plots")])
+    written = sorted(path.name for path in (tmp_path / "plots").glob("paper-*.png"))
+    assert written == ["paper-fractrain_table3-comparable.png"]  # absolute figures at mini are not compared
+    assert "paper-fractrain_table3-comparable.png" in (tmp_path / "plots" / "report.html").read_text()
+    comparable = dict(views(compare(find_runs([tmp_path / "runs"]), "fractrain_table3")[0]))["comparable"]
+    fig = paper_figure(comparable, "title")
+    panels = {axes.get_xlabel(): axes for axes in fig.axes}
+    assert set(panels) == {"paper: difference to SBM", "paper: % saved against SBM"}  # one panel a unit
+    saved = panels["paper: % saved against SBM"]
+    points = next(c for c in saved.containers if isinstance(c, ErrorbarContainer)).lines[0]
+    # FracTrain's MACs, energy and latency saved against SBM (the _table3_mini runs), the paper's from Table 3
+    macs = statistics.fmean([100 * (1 - m * 0.8 / (2e11 * 0.99)) for m in (7.2e10, 7e10)])
+    pairs = list(zip(points.get_xdata(), points.get_ydata()))
+    assert len(pairs) == 3
+    assert pairs[0] == pytest.approx((100 * (1 - 3.97e13 / 1.18e14), macs))
+    assert pairs[1] == pytest.approx((100 * (1 - 22.93 / 33.55), 100 * (1 - 41 / 60)))
+    assert pairs[2][1] == pytest.approx(100 * (1 - 400 / 540))
+    key = [text.get_text() for text in saved.texts if text.get_text().startswith("1: ")][0]
+    assert key.splitlines()[0] == "1: ResNet-38 CIFAR-10 / FracTrain / cp=1.5/2/2.5/3 | MACs"
+    acc = panels["paper: difference to SBM"]
+    labels = sorted(text.get_text() for text in acc.texts if ":" not in text.get_text())
+    assert labels == ["1,2"]  # FracTrain's Acc and the improvement row: paper's -0.12 twice, ours alike: one label
+    assert paper_figure(comparable.assign(ours=float("nan")), "title") is None  # no cell with both values
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 def test_the_latex_exports_compile(tmp_path):

@@ -228,9 +228,14 @@ def report(argv: list[str] | None = None) -> str:
             text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
             _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))
     if args.plots:
-        from qtrain.report.plots import write_plots
+        from qtrain.report.plots import paper_plot, write_plots
 
         images = write_plots(runs, args.plots)
+        for name, parts, _ in exports:
+            for kind, heading, frame in parts:
+                if kind != "scale-bound":  # absolute figures at a reduced scale do not compare with the paper's
+                    path = paper_plot(frame, heading, args.plots / f"paper-{name}-{kind.replace(' ', '-')}.png")
+                    images += [path] if path else []
         _write_html(args.plots / "report.html", sections, images)
     lines = []
     for heading, frame, note in sections:

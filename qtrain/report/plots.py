@@ -6,7 +6,8 @@
   DYNASTY Fig. 7);
 - bit allocation per block: the share of each precision option in the last epoch (FracTrain Fig. 8);
 - average bit-width over epochs (DYNASTY Fig. 5);
-- the training loss with PFQ's turning points (FracTrain Sec. 3.1).
+- the training loss with PFQ's turning points (FracTrain Sec. 3.1);
+- with ``--paper``, ours against the paper's figure, cell by cell.
 
 One method has one colour in every figure (its configurations in one figure, e.g. a sweep of DYNASTY's target,
 shades of it from dark to light, each with a line style of its own), and one precision option (an FW/BW pair, a
@@ -364,6 +365,48 @@ def turning_points_plot(group: Group, out: Path) -> Path | None:
     fig.suptitle(f"training loss (large hollow marker: the first epoch of a new precision stage, in the seed's "
                  f"shape): {group.title}{SEEDS_NOTE}", fontsize=10)
     return _save(fig, out / f"loss-turning-points-{group.slug}.png")
+
+
+def paper_figure(frame: pd.DataFrame, title: str) -> Figure | None:
+    """Ours against the paper's, one point per cell of a ``--paper`` comparison view (``paper.views``): one panel per
+    figure (``figure``, or ``metric`` at paper scale: panels do not share units), the paper's value across, ours
+    up with its seeds' standard deviation as a bar, the line on which ours equals the paper's, and each point
+    numbered, the numbers' rows and columns listed under the panel. None when no cell has both values."""
+    kind = "figure" if "figure" in frame else "metric"
+    shown = frame.dropna(subset=["paper", "ours"])
+    if shown.empty:
+        return None
+    panels = list(dict.fromkeys(shown[kind]))
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    fig = Figure(figsize=(5.2 * columns, 6.0 * rows), layout="constrained")
+    for i, name in enumerate(panels):
+        axes = fig.add_subplot(rows, columns, i + 1)
+        cells = shown[shown[kind] == name].reset_index(drop=True)
+        std = cells.ours_std.fillna(0.0) if "ours_std" in cells else None
+        axes.errorbar(cells.paper, cells.ours, yerr=std, fmt="o", color=_PALETTE[0], ecolor="grey", capsize=3)
+        low, high = min(cells.paper.min(), cells.ours.min()), max(cells.paper.max(), cells.ours.max())
+        pad = 0.08 * (high - low) or 1.0
+        near = ((cells[["paper", "ours"]] - low) / (high - low + 2 * pad) * 100).round()  # 1 % of the axes apart
+        for _, same in cells.groupby([near.paper, near.ours], sort=False):  # one label for points that coincide
+            axes.annotate(",".join(str(n + 1) for n in same.index), (same.paper.iloc[0], same.ours.iloc[0]),
+                          fontsize=7, xytext=(4, 3), textcoords="offset points")
+        axes.plot([low - pad, high + pad], [low - pad, high + pad], color="black", linestyle=":", linewidth=0.8,
+                  label="ours = paper")
+        axes.set(xlabel=f"paper: {name}", ylabel=f"qtrain: {name}", xlim=(low - pad, high + pad),
+                 ylim=(low - pad, high + pad), aspect="equal")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7, loc="upper left")
+        key = "\n".join(f"{n + 1}: {cell.row} | {cell.column}" for n, cell in cells.iterrows())
+        axes.text(0.0, -0.16, key, transform=axes.transAxes, fontsize=6.5, va="top")
+    fig.suptitle(f"{title}\n(bar: standard deviation over seeds; dotted: ours equal to the paper's)", fontsize=10)
+    return fig
+
+
+def paper_plot(frame: pd.DataFrame, title: str, path: Path) -> Path | None:
+    """:func:`paper_figure` written to ``path`` (a PNG); None when it has no point."""
+    fig = paper_figure(frame, title)
+    return None if fig is None else _save(fig, path)
 
 
 PER_RUN: tuple[Callable[[Run, Path, list[Run]], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
