@@ -518,12 +518,13 @@ def test_paper_tables_export_beside_the_runs_table(tmp_path):
 def test_paper_plots_put_each_cell_at_the_papers_value_and_ours(tmp_path):
     from matplotlib.container import ErrorbarContainer
 
-    from qtrain.report.plots import paper_figure
+    from qtrain.report.plots import paper_accuracy_cost_figure, paper_figure
 
     _table3_mini(tmp_path / "runs")
     report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "--plots", str(tmp_path / "plots")])
     written = sorted(path.name for path in (tmp_path / "plots").glob("paper-*.png"))
-    assert written == ["paper-fractrain_table3-comparable.png"]  # absolute figures at mini are not compared
+    # absolute figures at mini are not compared
+    assert written == ["paper-fractrain_table3-comparable-accuracy-cost.png", "paper-fractrain_table3-comparable.png"]
     assert "paper-fractrain_table3-comparable.png" in (tmp_path / "plots" / "report.html").read_text()
     comparable = dict(views(compare(find_runs([tmp_path / "runs"]), "fractrain_table3")[0]))["comparable"]
     fig = paper_figure(comparable, "title")
@@ -544,6 +545,18 @@ def test_paper_plots_put_each_cell_at_the_papers_value_and_ours(tmp_path):
     labels = sorted(text.get_text() for text in acc.texts if ":" not in text.get_text())
     assert labels == ["1,2"]  # FracTrain's Acc and the improvement row: paper's -0.12 twice, ours alike: one label
     assert paper_figure(comparable.assign(ours=float("nan")), "title") is None  # no cell with both values
+
+    fig = paper_accuracy_cost_figure(comparable, "title")
+    (axes,) = fig.axes
+    assert (axes.get_xlabel(), axes.get_ylabel()) == ("MACs: % saved against SBM", "Acc (%): difference to SBM")
+    lines = axes.get_lines()  # per row with both figures (DFQ has no run here): the paper's point, then ours
+    assert len(lines) == 2 and lines[0].get_markerfacecolor() == "none"
+    assert (lines[0].get_xdata()[0], lines[0].get_ydata()[0]) == pytest.approx((100 * (1 - 3.97e13 / 1.18e14),
+                                                                                 92.54 - 92.66))
+    assert (lines[1].get_xdata()[0], lines[1].get_ydata()[0]) == pytest.approx(
+        (macs, statistics.fmean([26.2 - 28.1, 27.0 - 28.1])))
+    assert lines[1].get_label() == "ResNet-38 CIFAR-10 / FracTrain / cp=1.5/2/2.5/3"
+    assert paper_accuracy_cost_figure(comparable[comparable.column != "MACs"], "title") is None  # no cost cell
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ def _paper_frame(view: pd.DataFrame) -> pd.DataFrame:
     shown["ours"] = [f"{m:.4g}" + ("" if pd.isna(s) else f" ± {s:.2g}") if not pd.isna(m) else "-"
                      for m, s in zip(shown.ours, shown.ours_std)]
     shown["paper"] = [f"{p:.4g}" if not pd.isna(p) else "-" for p in shown.paper]
-    drop = ["ours_std"]
+    drop = ["ours_std"] + (["metric"] if "figure" in shown else [])  # the figure says what is compared
     if "difference" in shown:
         shown["difference"] = [f"{d:+.4g}" if not pd.isna(d) else "-" for d in shown.difference]
     if "beside" in shown:
@@ -228,14 +228,16 @@ def report(argv: list[str] | None = None) -> str:
             text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
             _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))
     if args.plots:
-        from qtrain.report.plots import paper_plot, write_plots
+        from qtrain.report.plots import paper_accuracy_cost_plot, paper_plot, write_plots
 
         images = write_plots(runs, args.plots)
         for name, parts, _ in exports:
             for kind, heading, frame in parts:
                 if kind != "scale-bound":  # absolute figures at a reduced scale do not compare with the paper's
-                    path = paper_plot(frame, heading, args.plots / f"paper-{name}-{kind.replace(' ', '-')}.png")
-                    images += [path] if path else []
+                    stem = args.plots / f"paper-{name}-{kind.replace(' ', '-')}"
+                    found = (paper_plot(frame, heading, stem.with_suffix(".png")),
+                             paper_accuracy_cost_plot(frame, heading, stem.with_name(f"{stem.name}-accuracy-cost.png")))
+                    images += [path for path in found if path]
         _write_html(args.plots / "report.html", sections, images)
     lines = []
     for heading, frame, note in sections:

@@ -416,8 +416,8 @@ def views(comparison: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     printed = reduced[~bound].assign(figure=lambda f: [_figure_is(m) for m in f.metric])
     comparable = pd.concat([derived, printed]).sort_index(kind="stable")
     comparable = comparable.assign(difference=comparable.ours - comparable.paper)
-    shown = ["row", "column", "figure", "scale", "config", "paper", "ours", "ours_std", "difference", "beside",
-             "beside_is", "runs"]
+    shown = ["row", "column", "figure", "metric", "scale", "config", "paper", "ours", "ours_std", "difference",
+             "beside", "beside_is", "runs"]
     found = [("paper scale", at_paper.drop(columns=["relative_is", "relative_paper", "relative", "relative_std"])),
              ("comparable", comparable[shown]),
              ("scale-bound", reduced[bound][["row", "column", "metric", "scale", "config", "paper", "ours", "ours_std",

@@ -409,6 +409,45 @@ def paper_plot(frame: pd.DataFrame, title: str, path: Path) -> Path | None:
     return None if fig is None else _save(fig, path)
 
 
+ACCURACY_FIGURES = ("test_acc", "best_test_acc", "acc_drop", "acc_delta_vs_sbm")  # a paper cell's metric
+COST_FIGURES = ("quantized_macs", "effective_macs", "effective_macs_at_best", "savings_vs_sbm_percent")
+
+
+def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None:
+    """Accuracy against training cost, the paper's point and ours for each row of a ``--paper`` comparison view
+    that has both (at a reduced scale each against the table's baseline: accuracy difference, cost saved): the
+    paper's hollow, ours filled in the row's colour, an arrow from the paper's to ours. None when no row has both."""
+    shown = frame.dropna(subset=["paper", "ours"])
+    kind = "figure" if "figure" in shown else "metric"
+    points = []
+    for (row, config), cells in shown.groupby(["row", shown.scale + " " + shown.config.fillna("")], sort=False):
+        accuracy = cells[cells.metric.isin(ACCURACY_FIGURES)]
+        cost = cells[cells.metric.isin(COST_FIGURES)]
+        if len(accuracy) and len(cost):
+            points.append((f"{row} {config.split(' ', 1)[1]}".strip(), cost.iloc[0], accuracy.iloc[0]))
+    if not points:
+        return None
+    fig = Figure(figsize=(7.5, 5.5), layout="constrained")
+    axes = fig.add_subplot()
+    for i, (name, cost, accuracy) in enumerate(points):
+        colour = _PALETTE[i % len(_PALETTE)]
+        axes.plot(cost.paper, accuracy.paper, "o", markerfacecolor="none", markeredgecolor=colour, markersize=9)
+        axes.plot(cost.ours, accuracy.ours, "o", color=colour, markersize=7, label=name)
+        axes.annotate("", (cost.ours, accuracy.ours), (cost.paper, accuracy.paper),
+                      arrowprops={"arrowstyle": "->", "color": colour, "alpha": 0.6})
+    axes.set(xlabel=f"{points[0][1].column}: {points[0][1][kind]}", ylabel=f"{points[0][2].column}: {points[0][2][kind]}")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    fig.suptitle(f"{title}\n(hollow: the paper's, filled: qtrain's, arrow: from the paper's to ours)", fontsize=10)
+    return fig
+
+
+def paper_accuracy_cost_plot(frame: pd.DataFrame, title: str, path: Path) -> Path | None:
+    """:func:`paper_accuracy_cost_figure` written to ``path`` (a PNG); None when it has no point."""
+    fig = paper_accuracy_cost_figure(frame, title)
+    return None if fig is None else _save(fig, path)
+
+
 PER_RUN: tuple[Callable[[Run, Path, list[Run]], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
 ACROSS_RUNS: tuple[Callable[[Group, Path], Path | None], ...] = (accuracy_cost_plot, average_bits_plot,
                                                                       turning_points_plot)
