@@ -126,7 +126,34 @@ def test_compact_codes_keep_nan(quantizer):
     assert saved[0].dtype == torch.int8 and q.expand(saved, out.shape).tolist() == [1.0, 0.5]  # codes where they can
     out, saved = q.compact(torch.tensor([1.0, NAN]))
     back = q.expand(saved, out.shape)
-    assert back[0].item() == 1.0 and math.isnan(back[1].item())
+    assert saved[0].dtype == torch.int8 and back[0].item() == 1.0 and math.isnan(back[1].item())
+
+
+def test_saved_codes_mark_nan_without_reading_back_to_the_host(device):
+    from qtrain.quant.quantizers import FixedPoint
+
+    def saved_and_back(q: FixedPoint, values: list[float]) -> tuple[tuple[torch.Tensor, ...], list[float]]:
+        x = torch.tensor(values, device=device)
+        if device.type == "cuda":  # a read-back to the host in compact raises here
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out, saved = q.compact(x)
+            back = q.expand(saved, out.shape)
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        return saved, back.tolist()
+
+    for bits, dtype in ((6, torch.int8), (12, torch.int16)):  # the lowest code is off the grid: exact
+        lowest = -(2 ** (bits - 1))
+        saved, back = saved_and_back(FixedPoint(bits, 0, "nearest").train(), [lowest - 5.0, NAN, 3.0, -0.0])
+        assert saved_and_back(FixedPoint(bits, 0, "nearest").train(), [0.0, lowest, 1.0])[1] == [0.0, lowest, 1.0]
+        assert saved[0].dtype == dtype
+        assert back[0] == lowest and math.isnan(back[1]) and back[2:] == [3.0, 0.0]
+    q = FixedPoint(8, 0, "nearest").train()  # at 8 bits the lowest code is also the grid's -128
+    assert saved_and_back(q, [-300.0, 2.0])[1] == [-128.0, 2.0]  # without a NaN it is -128
+    _, back = saved_and_back(q, [-300.0, 2.0, NAN])
+    assert math.isnan(back[0]) and back[1] == 2.0 and math.isnan(back[2])  # with one, NaN (the loss is NaN then)
 
 
 def test_range_linear_span_beyond_float32():

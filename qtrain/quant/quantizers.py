@@ -60,18 +60,32 @@ class Quantizer(nn.Module):
 
 def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...] | None:
     """What backward saves of a tensor on the fixed-point grid <bits, fl>: its integer codes (1 byte up to
-    8 bits, 2 up to 16) and the step ``2^-fl``, which give it back exactly; None where codes save nothing, or
-    where ``out`` holds NaN (no code for it: the tensor is saved as floats, as DYNASTY's maps do)."""
+    8 bits, 2 up to 16), the step ``2^-fl``, which give it back exactly, and the code that stands for NaN;
+    None where codes save nothing (over 16 bits).
+
+    A NaN is saved as the dtype's lowest code, and the third tensor holds that code where ``out`` has a NaN,
+    else infinity, which no code equals: decided on the device, without reading anything back to the host. Below
+    8 (16) bits the lowest code is off the grid; at exactly 8 (16) bits it is also the grid's lowest value
+    (``-2^(bits-1)`` steps), which comes back as NaN too where the tensor holds a NaN (its loss is NaN then).
+    """
     dtype = torch.int8 if bits <= 8 else torch.int16 if bits <= 16 else None
-    if dtype is None or bool(torch.isnan(out).any()):
+    if dtype is None:
         return None
     fl = fl.to(device=out.device, dtype=torch.int32)
-    return scale_pow2(out, fl).to(dtype), scale_pow2(torch.ones((), device=out.device), -fl)
+    nan = torch.isnan(out)
+    lowest = torch.iinfo(dtype).min
+    codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(dtype)
+    nan_code = torch.where(nan.any(), lowest, torch.inf)  # float: a 0-dim int would take the codes' dtype
+    return codes, scale_pow2(torch.ones((), device=out.device), -fl), nan_code
 
 
 def expand_codes(saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The tensor :func:`fixed_codes` saved (a float tensor saved as itself comes back as it is)."""
-    return saved[0] if saved[0].is_floating_point() else saved[0].float() * saved[1]
+    if saved[0].is_floating_point():
+        return saved[0]
+    codes, step, nan_code = saved[:3]
+    values = codes.float()
+    return torch.where(values == nan_code, torch.nan, values * step)
 
 
 class FixedPoint(Quantizer):
