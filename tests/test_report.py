@@ -402,6 +402,27 @@ def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
     assert "FracTrain Table 3: paper and ours" not in shown and "-1.18e+14" not in shown
 
 
+def test_fractrain_table1_measures_each_row_against_the_sbm_run_it_implies(tmp_path):
+    # the table prints no SBM cell: each row's implied one (Acc - dAcc, MACs / (1 - saving)) names SBM at its last BW
+    common = {"model": "mobilenetv2", "data": "cifar10", "epochs": 4, "scale": "mini"}
+    fake_run(tmp_path, "pfq", "pfq", [0.30, 0.41], [1e10, 2e10], method_keys={"fw": [4, 4, 6, 8], "bw": [6, 8, 12, 16]},
+             float32_share=0.1, **common)
+    for bits, acc in ((16, 0.45), (8, 0.60)):  # only the BW-16 one is the row's baseline
+        fake_run(tmp_path, f"sbm{bits}", "sbm", [0.30, acc], [4e10, 8e10], float32_share=0.0,
+                 method_keys={"grad_bits": bits, "act_range": "tensor", "last_layer": "float32"}, **common)
+    comparable = dict(views(compare(find_runs([tmp_path]), "fractrain_table1")[0]))["comparable"]
+    cells = comparable.set_index(["row", "column"])
+    row = "FW(4,4,6,8)/BW(6,8,12,16) / CIFAR-10"
+    delta = cells.loc[(row, "Acc (ΔAcc) (parenthesized)")]
+    assert (delta.paper, delta.ours) == pytest.approx((-0.10, 41.0 - 45.0))
+    derived = cells.loc[(row, "Acc (ΔAcc)")]  # 93.90 against the implied 94.00
+    assert (derived.figure, derived.paper, derived.ours) == ("difference to SBM", pytest.approx(-0.10), pytest.approx(-4.0))
+    saving = cells.loc[(row, "Comp. Saving")]
+    assert (saving.paper, saving.ours) == pytest.approx((21.96, 100 * (1 - 2e10 * 0.9 / 8e10)))
+    assert cells.loc[(row, "MACs")].paper == pytest.approx(100 * (1 - 1.87e14 / 2.396e14))
+    assert not comparable.row.str.contains("BW\\(6,6,8,8\\)").any()  # no PFQ run of that row here
+
+
 def test_a_paper_scale_table_keeps_its_view_and_mixed_scales_split(tmp_path):
     fake_run(tmp_path, "sbm", "sbm", [0.5, 0.9], [1e13, 1.2e14], model="resnet38", data="cifar10", epochs=160,
              method_keys={"act_range": "tensor", "last_layer": "float32"})
