@@ -402,6 +402,31 @@ def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
     assert "FracTrain Table 3: paper and ours" not in shown and "-1.18e+14" not in shown
 
 
+def test_paper_plots_keep_to_one_unit_an_axis():
+    from qtrain.report.plots import paper_accuracy_cost_figure, paper_figure
+
+    def cell(row, column, metric, paper, ours, **keys):
+        return {"row": row, "column": column, "metric": metric, "scale": "paper", "config": "", "paper": paper,
+                "ours": ours, "ours_std": math.nan, **keys}
+
+    # at paper scale a table's absolute rows stand beside its relative "Improv." row: only the first kind is drawn
+    frame = pd.DataFrame([cell("SBM", "Acc", "best_test_acc", 92.7, 92.0), cell("SBM", "MACs", "quantized_macs", 1.2e14, 1.1e14),
+                          cell("DFQ", "Acc", "best_test_acc", 92.5, 91.0), cell("DFQ", "MACs", "quantized_macs", 5e13, 6e13),
+                          cell("Improv.", "Acc", "acc_delta_vs_sbm", -0.1, -1.0),
+                          cell("Improv.", "MACs", "savings_vs_sbm_percent", 58.0, 45.0),
+                          cell("Bad", "Acc", "best_test_acc", math.inf, 90.0)])
+    (axes,) = paper_accuracy_cost_figure(frame, "t").axes
+    assert [line.get_label() for line in axes.get_lines()][1::2] == ["SBM", "DFQ"]
+    assert axes.get_xlabel() == "MACs: quantized_macs"
+    panels = {a.get_xlabel() for a in paper_figure(frame, "t").axes}  # an infinite cell is left out, not an error
+    assert panels == {f"paper: {m}" for m in ("best_test_acc", "quantized_macs", "acc_delta_vs_sbm", "savings_vs_sbm_percent")}
+    # at a reduced scale a difference in perplexity gets a panel apart from one in accuracy
+    mini = pd.DataFrame([cell("PFQ", "Acc", "best_test_acc", -0.1, -2.0, figure="difference to SBM"),
+                         cell("PFQ LM", "Perplexity", "perplexity", -0.06, 3.0, figure="difference to SBM")])
+    assert {a.get_xlabel() for a in paper_figure(mini, "t").axes} == {
+        "paper: difference to SBM", "paper: difference to SBM (perplexity)"}
+
+
 def test_fractrain_table1_measures_each_row_against_the_sbm_run_it_implies(tmp_path):
     # the table prints no SBM cell: each row's implied one (Acc - dAcc, MACs / (1 - saving)) names SBM at its last BW
     common = {"model": "mobilenetv2", "data": "cifar10", "epochs": 4, "scale": "mini"}

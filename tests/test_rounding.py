@@ -274,3 +274,14 @@ def test_fused_kernels_match_eager_bit_for_bit(name, mode, device):
             assert torch.equal(nan, fused.isnan())
             eager, fused = eager.view(torch.int32)[~nan], fused.view(torch.int32)[~nan]
         assert torch.equal(eager, fused)
+
+
+def test_device_constants_are_made_once_and_keys_follow_the_cpu_generator():
+    a = rounding.device_constant((-8.0, 7.0), torch.float32, torch.device("cpu"))
+    assert a is rounding.device_constant((-8.0, 7.0), torch.float32, torch.device("cpu"))  # shared, not rebuilt
+    assert a.tolist() == [-8.0, 7.0] and rounding.device_constant(3, torch.int32, torch.device("cpu")).item() == 3
+    torch.manual_seed(5)
+    expected = torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32).item()
+    torch.manual_seed(5)
+    key = rounding.draw_key(torch.device("cpu"))
+    assert key.dtype == torch.int32 and key.shape == () and key.item() == expected

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from qtrain.quant.rounding import device_constant
+
 
 def relative_sensitivity(sensitivity: torch.Tensor, computation: torch.Tensor) -> torch.Tensor:
     """Eq. 3b: ``1/2 log2(S / T)`` per block (float64; -inf where S = 0, and where T = 0: a block that takes part
@@ -107,7 +109,7 @@ def round_to_levels(bits: torch.Tensor, levels: tuple[int, ...]) -> torch.Tensor
     On {0, 2, 4, 6, 8} that is round half to even on bits / 2: 1 -> 0, 3 -> 4, 5 -> 4, 7 -> 8, so ties
     do not shift the average one way.
     """
-    grid = torch.tensor(levels, dtype=bits.dtype, device=bits.device)
+    grid = device_constant(levels, bits.dtype, bits.device)
     distance = (bits.unsqueeze(-1) - grid).abs()
     lower = distance.argmin(dim=-1)  # the first of equal distances: the lower level
     upper = (lower + 1).clamp(max=len(levels) - 1)

@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 
-from qtrain.quant.rounding import fused, key_for, pow2, round_codes, scale_pow2
+from qtrain.quant.rounding import device_constant, fused, key_for, pow2, round_codes, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -79,8 +79,7 @@ def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key
 def _fixed_args(x: torch.Tensor, wl: int, fl: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
     qmax = 2.0 ** (wl - 1) - 1
     qmin = -qmax if symmetric else -(2.0 ** (wl - 1))
-    scale = torch.tensor(2.0**fl, dtype=x.dtype, device=x.device)
-    return scale, torch.tensor([qmin, qmax], dtype=x.dtype, device=x.device)
+    return device_constant(2.0**fl, x.dtype, x.device), device_constant((qmin, qmax), x.dtype, x.device)
 
 
 def fixed_point(
@@ -173,7 +172,7 @@ def dynamic_fixed_point(x: torch.Tensor, wl: int, rounding: Rounding = "stochast
     stochastic = _stochastic(rounding)
     fl = dynamic_fixed_point_fl(x, wl)
     scale = scale_pow2(torch.ones((), dtype=x.dtype, device=x.device), fl)
-    bounds = torch.tensor([-(2.0 ** (wl - 1)), 2.0 ** (wl - 1) - 1], dtype=x.dtype, device=x.device)
+    bounds = device_constant((-(2.0 ** (wl - 1)), 2.0 ** (wl - 1) - 1), x.dtype, x.device)
     out = _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=True, mask=False)
     return out, fl
 
@@ -281,7 +280,7 @@ def _levels(bits: Bits, like: torch.Tensor) -> torch.Tensor:
     """``2^bits - 1`` as a 0-d tensor, or as an ``(N, 1)`` column for per-sample bit-widths."""
     if isinstance(bits, torch.Tensor):
         return torch.exp2(bits.to(like.dtype)).sub_(1).view(-1, 1)
-    return torch.tensor(2.0**bits - 1, dtype=like.dtype, device=like.device)
+    return device_constant(2.0**bits - 1, like.dtype, like.device)
 
 
 def _grid_rows(x: torch.Tensor, bits: Bits, granularity: Granularity) -> torch.Tensor:
@@ -480,7 +479,7 @@ def tile_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)) -> to
 
 
 def _wl(wl: int | torch.Tensor, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(wl, dtype=torch.int32, device=device)
+    return wl.to(device=device, dtype=torch.int32) if isinstance(wl, torch.Tensor) else device_constant(wl, torch.int32, device)
 
 
 def block_floating_point(

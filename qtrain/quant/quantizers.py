@@ -15,7 +15,7 @@ from torch import nn
 
 from qtrain.quant import formats
 from qtrain.quant.formats import Granularity, Rounding
-from qtrain.quant.rounding import scale_pow2
+from qtrain.quant.rounding import device_constant, scale_pow2
 
 
 class Quantizer(nn.Module):
@@ -127,7 +127,8 @@ class FixedPoint(Quantizer):
         if bits is not None:
             return super().compact(x, bits)  # refuses: no per-sample bit-widths
         out, passes = self.forward_with_mask(x)
-        codes = fixed_codes(out, torch.tensor(self.fl), self.bits) if self.training and self.clamp else None
+        fl = device_constant(self.fl, torch.int32, out.device)
+        codes = fixed_codes(out, fl, self.bits) if self.training and self.clamp else None
         saved = codes if codes is not None else (out,)
         return out, saved if passes is None else (*saved, passes)
 

@@ -88,8 +88,21 @@ def round_codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool, draws: 
 
 
 def draw_key(device: torch.device) -> torch.Tensor:
-    """A 32-bit key for :func:`hashed_uniform`, drawn from torch's default generator."""
-    return torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32).to(device)
+    """A 32-bit key for :func:`hashed_uniform`, drawn from torch's default (CPU) generator on every device.
+
+    The key is written on the device as a fill with a number, not copied from the host: a copy of a host
+    tensor to a GPU waits for the GPU's queued work, once per quantizer call.
+    """
+    key = int(torch.randint(-(1 << 31), 1 << 31, (), dtype=torch.int32))
+    return torch.full((), key, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def device_constant(values: float | tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device``, made once per values, dtype and device and shared (never written to):
+    building it from Python numbers at each call copies it from the host, and on a GPU that copy waits for the
+    work queued before it."""
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def pow2(k: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ to the highest seed (min-max), and each seed's points with a marker shape of its
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -367,15 +368,24 @@ def turning_points_plot(group: Group, out: Path) -> Path | None:
     return _save(fig, out / f"loss-turning-points-{group.slug}.png")
 
 
+def _plottable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The cells of a comparison view with a finite value of the paper's and of ours."""
+    finite = frame.paper.map(math.isfinite, na_action="ignore") & frame.ours.map(math.isfinite, na_action="ignore")
+    return frame[finite.fillna(False).astype(bool)]
+
+
 def paper_figure(frame: pd.DataFrame, title: str) -> Figure | None:
     """Ours against the paper's, one point per cell of a ``--paper`` comparison view (``paper.views``): one panel per
     figure (``figure``, or ``metric`` at paper scale: panels do not share units), the paper's value across, ours
     up with its seeds' standard deviation as a bar, the line on which ours equals the paper's, and each point
     numbered, the numbers' rows and columns listed under the panel. None when no cell has both values."""
     kind = "figure" if "figure" in frame else "metric"
-    shown = frame.dropna(subset=["paper", "ours"])
+    shown = _plottable(frame)
     if shown.empty:
         return None
+    if kind == "figure":  # a difference in perplexity is not one in accuracy: a panel of its own
+        shown = shown.assign(figure=[f"{figure} (perplexity)" if "perplexity" in metric else figure
+                                     for figure, metric in zip(shown.figure, shown.metric)])
     panels = list(dict.fromkeys(shown[kind]))
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
@@ -417,7 +427,7 @@ def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None
     """Accuracy against training cost, the paper's point and ours for each row of a ``--paper`` comparison view
     that has both (at a reduced scale each against the table's baseline: accuracy difference, cost saved): the
     paper's hollow, ours filled in the row's colour, an arrow from the paper's to ours. None when no row has both."""
-    shown = frame.dropna(subset=["paper", "ours"])
+    shown = _plottable(frame)
     kind = "figure" if "figure" in shown else "metric"
     points = []
     for (row, config), cells in shown.groupby(["row", shown.scale + " " + shown.config.fillna("")], sort=False):
@@ -425,6 +435,9 @@ def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None
         cost = cells[cells.metric.isin(COST_FIGURES)]
         if len(accuracy) and len(cost):
             points.append((f"{row} {config.split(' ', 1)[1]}".strip(), cost.iloc[0], accuracy.iloc[0]))
+    # one pair of units on the axes: the most common (a paper-scale table's absolute rows beside its relative ones)
+    units = pd.Series([(cost[kind], accuracy[kind]) for _, cost, accuracy in points], dtype=object)
+    points = [point for point, pair in zip(points, units) if len(units) and pair == units.mode()[0]]
     if not points:
         return None
     fig = Figure(figsize=(7.5, 5.5), layout="constrained")
