@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := pyproject.toml $(shell find qtrain conf results/paper -name '*.py' -o -name '*.yaml' -o -name '*.csv' 2>/dev/null)
 
-.PHONY: run test lint bench gpu-check
+.PHONY: run test test-fast lint bench gpu-check
 
 # torch 2.14.1 + torchvision 0.29.1 first (pip takes them from local disk where they lie there),
 # then qtrain with its test extras, as a plain (non-editable) install.
@@ -24,6 +24,9 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check qtrain tests scripts

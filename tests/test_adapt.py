@@ -338,6 +338,7 @@ def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_fu
     ("method.grad=int8", "method.grad='int8' is not allowed"),
     ("method.params=biases", "method.params='biases' is not allowed"),
 ])
+@pytest.mark.slow
 def test_bad_adapt_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
         build_method(make_config("method=adapt", override).method)
@@ -370,6 +371,7 @@ def test_float32_baseline_draws_tnvs_weights_and_adds_l1():
         assert torch.equal(p.grad, 0.001 * p.detach().sign())
 
 
+@pytest.mark.slow
 def test_adapt_without_switches_charges_the_start_format(tmp_path):
     summary = run(make_config(*TINY, "method=adapt", "method.lookback={low: 100, high: 100, momentum: 0.33}"), tmp_path)
     assert summary["adapt"]["switches"] == 0
@@ -378,6 +380,7 @@ def test_adapt_without_switches_charges_the_start_format(tmp_path):
     assert summary["cost"]["effective_macs"] == pytest.approx(2 * 256 * macs * 576 / 1024)
 
 
+@pytest.mark.slow
 def test_adapt_run_records_switches_formats_and_the_performance_model(tmp_path):
     summary = run(make_config(*TINY, "method=adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}"), tmp_path)
     precision = pd.read_csv(tmp_path / "precision.csv")
@@ -395,6 +398,7 @@ def test_adapt_run_records_switches_formats_and_the_performance_model(tmp_path):
     assert 0 <= model["sparsity"]["final"] < 1 and model["inference"]["SZ"] > 0
 
 
+@pytest.mark.slow
 def test_the_performance_model_amortizes_over_the_runs_accumulation(tmp_path):
     overrides = [*TINY, "method=adapt", "train.epochs=1", "method.lookback={low: 100, high: 100, momentum: 0.33}"]
     one = run(make_config(*overrides), tmp_path / "one")["adapt"]["performance_model"]

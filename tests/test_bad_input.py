@@ -145,6 +145,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_bad_input_is_one_line_before_any_work(tmp_path, case):
     args, setup, message = CASES[case]
     if setup is not None:
@@ -172,6 +173,7 @@ def immutable(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["immutable", "immutable/run"])
+@pytest.mark.slow
 def test_unwritable_run_directory_is_one_line(tmp_path, immutable, where):
     before = _tree(tmp_path)
     result = run_cli(*TINY, f"hydra.run.dir={tmp_path / where}", cwd=tmp_path)
@@ -181,6 +183,7 @@ def test_unwritable_run_directory_is_one_line(tmp_path, immutable, where):
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_raw_pickle_checkpoint_is_refused_without_torch_warning(tmp_path):
     _run_files(tmp_path / "pre", {"status": "completed"})
     checkpoint = tmp_path / "pre" / "checkpoint.pt"
@@ -199,6 +202,7 @@ def test_raw_pickle_checkpoint_is_refused_without_torch_warning(tmp_path):
 
 
 @pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT"])
+@pytest.mark.slow
 def test_world_size_without_torchrun_rendezvous_is_one_line(tmp_path, monkeypatch, missing):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -214,6 +218,7 @@ def test_world_size_without_torchrun_rendezvous_is_one_line(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("where", ["immutable", "immutable/sweep"])
+@pytest.mark.slow
 def test_unwritable_sweep_directory_is_one_line(tmp_path, immutable, where):
     before = _tree(tmp_path)
     result = run_cli("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={tmp_path / where}", cwd=tmp_path)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from .conftest import TINY, make_config, once, run_cli
 from .test_data import _write_mnist
 
@@ -26,6 +28,7 @@ def test_unknown_choice_is_one_line_and_nonzero(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_bad_bits_are_one_line_and_nonzero(tmp_path):
     result = run_cli(*TINY, "method.act_bits=40", cwd=tmp_path)
     assert result.returncode == 2
@@ -33,6 +36,7 @@ def test_bad_bits_are_one_line_and_nonzero(tmp_path):
         "qtrain: error: method.act_bits=40 is not allowed: bit-widths are integers from 1 to 32")
 
 
+@pytest.mark.slow
 def test_default_job_on_digits_prints_the_result_table(tmp_path):
     # the no-argument job (SBM, ResNet-20, digits, fused quantizers), shortened to one epoch
     result = run_cli("train.epochs=1", "progress=false", cwd=tmp_path)
@@ -46,6 +50,7 @@ def test_default_job_on_digits_prints_the_result_table(tmp_path):
     assert (run_dir / ".hydra" / "overrides.yaml").read_text() == "- train.epochs=1\n- progress=false\n"
 
 
+@pytest.mark.slow
 def test_rerun_with_another_config_in_the_same_directory_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     first = run_cli(*TINY, "train.epochs=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -58,6 +63,7 @@ def test_rerun_with_another_config_in_the_same_directory_is_refused(tmp_path):
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/config.yaml included
 
 
+@pytest.mark.slow
 def test_multirun_sweep_skips_finished_jobs(tmp_path):
     args = ["-m", "method=float32,sbm", *TINY, "train.epochs=1"]
     first = run_cli(*args, cwd=tmp_path)
@@ -70,6 +76,7 @@ def test_multirun_sweep_skips_finished_jobs(tmp_path):
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
 
 
+@pytest.mark.slow
 def test_a_sweep_over_data_roots_keeps_each_dataset_in_its_own_directory(tmp_path):
     for name in ("a", "b"):
         _write_mnist(tmp_path / name, n=8)
@@ -80,6 +87,7 @@ def test_a_sweep_over_data_roots_keeps_each_dataset_in_its_own_directory(tmp_pat
     assert roots == [str(tmp_path / "a"), str(tmp_path / "b")]
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     pre = tmp_path / "pre"  # the pre-training that the second job starts from does not exist yet
     args = ["-m", f"train.init_from=null,'{pre}'", *TINY, "train.epochs=1", "method=float32"]
@@ -139,6 +147,7 @@ def _on_a_terminal(*args: str, cwd) -> str:
     return shown.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_progress_bars_on_a_terminal_and_never_in_a_log_line(tmp_path):
     shown = _on_a_terminal(*[a for a in TINY if a != "progress=false"], "train.epochs=2", cwd=tmp_path)
     assert "%|" in shown and "epoch 2/2:" in shown  # the bars were drawn
@@ -158,12 +167,14 @@ def _visible(line: str) -> str:
     return "".join(shown).rstrip()
 
 
+@pytest.mark.slow
 def test_no_progress_bars_when_not_on_a_terminal(tmp_path):
     result = run_cli(*[a for a in TINY if a != "progress=false"], "train.epochs=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr + result.stdout and "it/s" not in result.stderr
 
 
+@pytest.mark.slow
 def test_an_identity_finished_under_another_name_is_not_trained_again(tmp_path):
     args = ["-m", "method=float32", *TINY, "train.epochs=1"]
     first = run_cli(*args, cwd=tmp_path)

@@ -68,6 +68,7 @@ class _Exploit:
 
 
 @pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+@pytest.mark.slow
 def test_cifar_batch_that_would_run_code_is_refused_in_one_line(tmp_path, protocol):
     folder = _write_cifar(tmp_path / "data")
     created = tmp_path / "pwned"
@@ -254,6 +255,7 @@ def _rows(images: torch.Tensor) -> list[tuple]:
     return [tuple(x.flatten().tolist()) for x in images]
 
 
+@pytest.mark.slow
 def test_folds_partition_the_training_split():
     full = load_data(make_config("data=digits").data)
     assert len(set(_rows(full.train.images))) == len(full.train)  # the digits images are distinct: rows name them

@@ -17,6 +17,7 @@ SHORT = ["data=synthetic", "data.n_train=16", "data.n_test=8", "train.epochs=1",
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "float32"])
+@pytest.mark.slow
 def test_every_method_quantizes_every_bottleneck_convolution(method):
     built = build_method(make_config(f"method={method}", "model=resnet164").method)
     net = built.prepare(build_model("resnet164", in_channels=3, num_classes=10, input_size=(8, 8)))

@@ -64,6 +64,7 @@ def test_every_block_is_gated_and_the_gates_stay_float32():
 @pytest.mark.parametrize("model,widths", [("resnet20", (32, 16, 16)), ("resnet164", (32, 16, 16)),
                                           ("mobilenetv2", (64, 32, 32)), ("resnet18", (None, 40, 20)),
                                           ("resnet34", (None, 40, 20))])
+@pytest.mark.slow
 def test_gate_widths_follow_the_reference_code(model, widths):
     _, net, _ = _prepared(model=model)
     gated = next(m for m in net.modules() if isinstance(m, GatedBlock))
@@ -76,6 +77,7 @@ def test_gate_widths_follow_the_reference_code(model, widths):
 
 
 @pytest.mark.parametrize("model", ["resnet18", "resnet34"])
+@pytest.mark.slow
 def test_imagenet_resnets_take_the_reference_imagenet_options(model):
     torch.manual_seed(0)
     dfq, net, meter = _prepared(model=model)
@@ -106,6 +108,7 @@ def _bottleneck_macs(cin, planes, side_in, stride):
 
 
 @pytest.mark.parametrize("charge,weights", [("none", "macs"), ("projection", "macs"), ("projection", "blocks")])
+@pytest.mark.slow
 def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand(charge, weights):
     dfq, net, _ = _prepared(OPTIONS, f"method.skip_charge={charge}", f"method.cp_weights={weights}", model="resnet164")
     assert len(dfq.blocks) == 54
@@ -277,6 +280,7 @@ def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
 
 
 @pytest.mark.parametrize("projection", ["float32", "quantized"])
+@pytest.mark.slow
 def test_resnet18s_projection_shortcuts_run_in_float32_outside_cp_as_the_references_imagenet_code(projection):
     dfq, net, meter = _prepared(f"method.projection={projection}", model="resnet18")
     shortcut = net.layer2[0].block.shortcut[0]
@@ -391,6 +395,7 @@ def test_cp_controller_drives_cp_to_the_target(tmp_path):
     assert abs(cp.iloc[-4:].mean() - 3.5) < 0.15 * 3.5
 
 
+@pytest.mark.slow
 def test_fractrain_raises_its_target_at_each_turning_point(tmp_path):
     overrides = ["method=fractrain", "method.cp_schedule=[1.5,4.0]", "method.switch=manual", "method.manual_epochs=[1]"]
     run(make_config(*TINY, *overrides), tmp_path)
@@ -635,6 +640,7 @@ def test_per_sample_running_range_decays_as_the_references_k_runs_a_step():
     ("resnet74", [[3, 6], [4, 6], [6, 8], [6, 12], [8, 16]]),  # its logs, no skip; the fourth never chosen there
     ("resnet20", [[3, 6], [4, 6], [4, 8], [6, 8], [6, 12]]),  # the released train_dfq.py / train_frac.py
 ])
+@pytest.mark.slow
 def test_paper_table_experiments_use_the_tables_option_sets(model, options):
     for experiment in ("fractrain_table3", "fractrain_table5", "fractrain_finetune"):
         for method in ("dfq", "fractrain"):

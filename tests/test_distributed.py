@@ -112,6 +112,7 @@ def two_ranks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.slow
 def test_both_ranks_decide_alike_and_the_loss_falls(two_ranks, method):
     _, (zero, one) = two_ranks
     assert _same(zero[method]["trace"], one[method]["trace"])  # metrics, precision records, method state, meter
@@ -181,6 +182,7 @@ def test_world_size_is_part_of_the_identity(monkeypatch):
     assert "world_size" not in one and first_difference(one, two) == "world_size (absent) → 2"
 
 
+@pytest.mark.slow
 def test_a_process_group_of_one_trains_as_one_process(tmp_path, monkeypatch, device):
     """Every distributed step switched on for one rank (gloo on the CPU, nccl on CUDA: one GPU holds one NCCL rank):
     DistributedDataParallel with unused parameters (DFQ's gates), the reductions and the buffer averaging change

@@ -377,6 +377,7 @@ def test_the_maps_and_lambda_survive_a_resume():
 
 
 @pytest.mark.parametrize("target", [2, 4])
+@pytest.mark.slow
 def test_a_short_run_holds_its_average_at_the_target(tmp_path, target):
     summary = run(make_config(*TINY, "method=dynasty", f"method.target_bits={target}", "train.epochs=4"), tmp_path)
     report = summary["dynasty"]

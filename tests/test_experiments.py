@@ -26,6 +26,7 @@ def test_the_scales_are_paper_mini_and_smoke():
 
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.slow
 def test_every_experiment_composes_and_passes_the_checks(experiment, scale, tmp_path):
     cfg = make_config(f"experiment={experiment}", f"scale={scale}")
     if cfg.data.name in FILE_DATASETS and OmegaConf.is_missing(cfg.data, "root"):
@@ -115,6 +116,7 @@ def test_muppet_experiments_follow_the_reference_configs():
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.slow
 def test_mini_shortens_the_schedule_in_proportion(experiment):
     paper, mini = make_config(f"experiment={experiment}"), make_config(f"experiment={experiment}", "scale=mini")
     if paper.train.epochs == 12:  # the default length: nothing to shorten (sbm_bw16_*)
@@ -164,12 +166,14 @@ def _run_at_smoke(experiment: str, runs: Path, *overrides: str) -> Path:
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.slow
 def test_every_experiment_runs_at_smoke_scale(experiment, smoke_runs):
     run_dir = _run_at_smoke(experiment, smoke_runs)
     assert (run_dir / "summary.json").is_file()
 
 
 @pytest.mark.parametrize("table", [e for e in EXPERIMENTS if e in paper_tables()])
+@pytest.mark.slow
 def test_every_paper_table_is_reported_from_its_smoke_run(table, smoke_runs):
     # the table's own run (reported, not rerun, when the test above made it); Table 1's sweep sets FW(4,4,6,8)
     _run_at_smoke(table, smoke_runs, *(["method.fw=[4,4,6,8]"] if table == "fractrain_table1" else []))
@@ -190,6 +194,7 @@ def _documented_commands() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("experiment,command", _documented_commands())
+@pytest.mark.slow
 def test_documented_commands_compose(experiment, command, tmp_path):
     """The command line passes qtrain's checks, and composes without its sweeps (Hydra's first step in a sweep)."""
     import shlex

@@ -65,6 +65,7 @@ def test_nearest_equals_torch_cast_on_every_rounding_class(exp, man):
 
 
 @pytest.mark.parametrize("exp,man", list(CASTS))
+@pytest.mark.slow
 def test_fused_kernel_equals_torch_cast(exp, man):
     x = torch.cat([rounding_classes(man, seed=1)[::7], SPECIALS])
     rounding.set_fused(True)

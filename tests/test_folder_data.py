@@ -130,6 +130,7 @@ def test_each_epoch_crops_and_flips_an_image_anew(tmp_path):
     assert all(not torch.equal(a, b) for a, b in zip(by_label(0), by_label(1)))
 
 
+@pytest.mark.slow
 def test_rank_slices_cover_every_global_batch_exactly(tree):
     data = _load(tree)
     for which, world in ((0, 3), (1, 4)):  # training batches of 5, 5, 2; evaluation batches of 4, 2 (some ranks get none)
@@ -222,6 +223,7 @@ def test_imagenet_needs_a_root_and_stands_in_synthetically_at_smoke_scale():
     assert (data.name, data.num_classes, cfg.data.stand_in_for) == ("synthetic", 1000, "imagenet")
 
 
+@pytest.mark.slow
 def test_resnet18_trains_an_epoch_on_an_image_folder(tree, tmp_path):
     summary = run(_config(tree, "model=resnet18", "train.epochs=1", "train.batch_size=4"), tmp_path / "run")
     assert summary["status"] == "completed" and summary["epochs_completed"] == 1
@@ -229,6 +231,7 @@ def test_resnet18_trains_an_epoch_on_an_image_folder(tree, tmp_path):
     assert 0 <= summary["final"]["test_acc"] <= 1 and (tmp_path / "run" / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_run_that_meets_an_unreadable_image_leaves_nothing_behind(tree, tmp_path):
     (tree / "val" / "dog" / "dog0.png").write_bytes(b"not a png")  # read only when the first epoch is evaluated
     work = tmp_path / "work"

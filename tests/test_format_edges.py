@@ -39,6 +39,7 @@ def mode(request):
 
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0), (2, 0, 4)])
+@pytest.mark.slow
 def test_empty_tensors(name, shape, mode):
     x = torch.empty(shape)
     assert FORMATS[name][0](x, mode).shape == shape
@@ -46,6 +47,7 @@ def test_empty_tensors(name, shape, mode):
 
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("value", [0.0, 1.0, -3.3, 1e4, 2.0**-140])
+@pytest.mark.slow
 def test_constant_tensors_stay_constant(name, value, mode):
     x = torch.full((4, 6), value)
     out = FORMATS[name][0](x, mode)
@@ -92,6 +94,7 @@ def _exact_scale(hi: float, lo: float, wl: int) -> int:
 
 
 @pytest.mark.parametrize("wl", [2, 4, 8, 12, 16, 24])
+@pytest.mark.slow
 def test_dynamic_scale_is_exact_on_the_boundary_maxima(wl):
     f32 = torch.float32
     for k in range(-100, 101):

@@ -91,6 +91,7 @@ def test_slurm_config_requeues_and_names_job_directories_as_a_local_sweep(monkey
     check_command_line(["hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "seed=0,1"], conf_dir(), True)
 
 
+@pytest.mark.slow
 def test_launchers_pass_the_command_line_check_and_help(tmp_path):
     for launcher in ("parallel", "slurm"):
         result = run_cli("-m", f"hydra/launcher={launcher}", "method=float32", "--help", cwd=tmp_path)
@@ -132,6 +133,7 @@ def _table(stdout):
     return jobs[:next((i for i, job in enumerate(jobs) if not job[0].isdigit()), len(jobs))]
 
 
+@pytest.mark.slow
 def test_a_parallel_sweep_records_its_failure_and_a_rerun_redoes_it(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # what each job would run with if qtrain left the threads alone
     pre = tmp_path / "pre"  # the second job starts from a pre-training that does not exist yet: only its run finds out
@@ -203,6 +205,7 @@ def test_slurm_jobs_resume_after_a_time_out_and_the_last_time_out_is_recorded(tm
     assert pd.read_csv(run1 / "metrics.csv")["epoch"].tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_parallel_jobs_tag_their_log_lines_and_a_single_run_does_not(tmp_path):
     sweep = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "method=float32,sbm", *TINY,
                     "train.epochs=1", cwd=tmp_path)

@@ -132,6 +132,7 @@ def _torchvision_resnet(name, num_classes, cifar):
 @pytest.mark.parametrize("name,documented", [("resnet18", 11_689_512), ("resnet34", 21_797_672)])
 @pytest.mark.parametrize("size,classes,form", [(224, 1000, "imagenet"), (32, 100, "cifar"), (64, 10, "cifar"),
                                                (96, 10, "imagenet")])
+@pytest.mark.slow
 def test_imagenet_resnets_match_torchvision_in_both_forms(name, documented, size, classes, form):
     ours = build_model(name, in_channels=3, num_classes=classes, input_size=(size, size))
     theirs = _torchvision_resnet(name, classes, form == "cifar")

@@ -195,6 +195,7 @@ def test_bad_muppet_values_are_named(override, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_muppet_run_records_its_stage_and_prices_the_run(tmp_path):
     summary = run(make_config(*TINY, "method=muppet", "method.resolution=2"), tmp_path)
     metrics = pd.read_csv(tmp_path / "metrics.csv")
@@ -209,6 +210,7 @@ def test_muppet_run_records_its_stage_and_prices_the_run(tmp_path):
     assert set(precision.format) == {"dynamic-fixed"} and set(precision.weight_bits) == {8}
 
 
+@pytest.mark.slow
 def test_muppet_run_switches_word_length_on_a_diversity_drop(tmp_path):
     # T(e) = 0: any window less diverse than the most diverse one so far switches (patience 1)
     overrides = ["method=muppet", "train.epochs=6", "method.resolution=2", "method.patience=1",
@@ -353,6 +355,7 @@ def test_float32_stage_decays_then_stops_at_the_next_point(monkeypatch):
     assert method.optimizer.param_groups[0]["lr"] == 0.0125 and method.stopped() is None
 
 
+@pytest.mark.slow
 def test_run_stops_by_the_float32_rule_and_stays_stopped_after_a_kill(tmp_path, monkeypatch):
     # switch at the end of epoch 2; float32 lr x0.5 after epochs 2 and 3 (every 1, the switching epoch first);
     # the third point, epoch 4, trains and stops the run, 16 epochs before the cap

@@ -125,6 +125,7 @@ def test_other_config_differences_split_rows(tmp_path):
     assert len(summary_frame(frame)) == 2
 
 
+@pytest.mark.slow
 def test_dynasty_table_beside_ours(dynasty_sweep):
     comparison, unmatched = compare(find_runs([dynasty_sweep]), "dynasty_table1")
     paper = load_table("dynasty_table1")
@@ -178,6 +179,7 @@ def test_a_cell_matches_only_runs_with_its_setting(tmp_path):
     assert comparison.set_index("metric").loc["acc_drop"].isna().ours  # no float32 run to measure against
 
 
+@pytest.mark.slow
 def test_a_relative_figure_takes_the_baseline_of_its_own_data_half(tmp_path):
     # FracTrain Table 5: savings over SBM on the adaptation half (classes) against SBM on that half, not the other
     adaptation, finetuning = {"subset": {"by": "classes", "part": 1}}, {"subset": {"by": "samples", "part": 1}}
@@ -193,6 +195,7 @@ def test_a_relative_figure_takes_the_baseline_of_its_own_data_half(tmp_path):
     assert (improvement, "Fine-tuning / MACs") not in cells.index  # no FracTrain run on the fine-tuning half
 
 
+@pytest.mark.slow
 def test_best_of_picks_the_best_fold(tmp_path):
     # AdaPT's protocol: every fold tested on the whole test split, the best fold's accuracy reported
     adapt512 = {"batch_size": 512, "epochs": 100}
@@ -292,6 +295,7 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", header[16:24])
 
 
+@pytest.mark.slow
 def test_plots_for_each_kind_of_run(tmp_path):
     root = tmp_path / "runs"
     dfq_rows = [{"epoch": e, "step": 10 * e, "layer": layer, "format": "range-linear", "share": share,
@@ -317,6 +321,7 @@ def test_plots_for_each_kind_of_run(tmp_path):
         assert width > 300 and height > 200
 
 
+@pytest.mark.slow
 def test_report_command_end_to_end(tmp_path):
     sweep = run_cli("-m", "method=float32,sbm", "seed=0,1", *TINY, "train.epochs=1", "data.n_train=64", "data.n_test=32",
                     "hydra.sweep.dir=sweep", cwd=tmp_path)
@@ -368,6 +373,7 @@ def _table3_mini(root: Path, scale: str = "mini") -> None:
                  float32_share=0.2, **common)
 
 
+@pytest.mark.slow
 def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
     _table3_mini(tmp_path)
     comparison, _ = compare(find_runs([tmp_path]), "fractrain_table3")
@@ -427,6 +433,7 @@ def test_paper_plots_keep_to_one_unit_an_axis():
         "paper: difference to SBM", "paper: difference to SBM (perplexity)"}
 
 
+@pytest.mark.slow
 def test_fractrain_table1_measures_each_row_against_the_sbm_run_it_implies(tmp_path):
     # the table prints no SBM cell: each row's implied one (Acc - dAcc, MACs / (1 - saving)) names SBM at its last BW
     common = {"model": "mobilenetv2", "data": "cifar10", "epochs": 4, "scale": "mini"}
@@ -448,6 +455,7 @@ def test_fractrain_table1_measures_each_row_against_the_sbm_run_it_implies(tmp_p
     assert not comparable.row.str.contains("BW\\(6,6,8,8\\)").any()  # no PFQ run of that row here
 
 
+@pytest.mark.slow
 def test_a_paper_scale_table_keeps_its_view_and_mixed_scales_split(tmp_path):
     fake_run(tmp_path, "sbm", "sbm", [0.5, 0.9], [1e13, 1.2e14], model="resnet38", data="cifar10", epochs=160,
              method_keys={"act_range": "tensor", "last_layer": "float32"})
@@ -542,6 +550,7 @@ def test_latex_escapes_what_latex_reads_as_commands():
     assert all(ord(character) < 128 for character in text)  # nothing the default input encoding lacks
 
 
+@pytest.mark.slow
 def test_paper_tables_export_beside_the_runs_table(tmp_path):
     _table3_mini(tmp_path / "runs")
     report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "dynasty_table1", "--csv", str(tmp_path / "t.csv"),
@@ -561,6 +570,7 @@ def test_paper_tables_export_beside_the_runs_table(tmp_path):
     assert r"\% saved against SBM" in tex
 
 
+@pytest.mark.slow
 def test_paper_plots_put_each_cell_at_the_papers_value_and_ours(tmp_path):
     from matplotlib.container import ErrorbarContainer
 

@@ -201,6 +201,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,quantize,x,lower,upper,p", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.slow
 def test_probability_of_rounding_up_is_the_fraction(name, quantize, x, lower, upper, p):
     n = 1 << 22
     torch.manual_seed(1)
@@ -258,6 +259,7 @@ def _flat(result) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("name", FORMAT_CALLS)
 @pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+@pytest.mark.slow
 def test_fused_kernels_match_eager_bit_for_bit(name, mode, device):
     x = _edge_data().to(device)
     results = []

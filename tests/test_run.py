@@ -28,6 +28,7 @@ def _metrics(run_dir):
     return pd.read_csv(run_dir / "metrics.csv").drop(columns=TIMING)
 
 
+@pytest.mark.slow
 def test_sbm_run_writes_every_result_file(tmp_path):
     umask = os.umask(0o027)
     try:
@@ -61,6 +62,7 @@ def test_float32_costs_100_percent_and_learns(tmp_path):
     assert summary["final"]["test_acc"] > 0.9  # four well-separated synthetic classes
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     run(make_config(*TINY), tmp_path / "a")
     run(make_config(*TINY), tmp_path / "b")
@@ -84,6 +86,7 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     # a language model: token batches, quantized attention, perplexity, a stage switch after epoch 1
     [*TINY_TEXT, "method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
 ])
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method, device):
     overrides = [*TINY, *method, "train.epochs=3", "sched=multistep", "sched.milestones=[1,2]", f"device={device}"]
     run(make_config(*overrides), tmp_path / "whole")
@@ -119,6 +122,7 @@ def _not_json(constant):
     raise ValueError(f"{constant} is not JSON (a strict parser refuses it)")
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_a_clear_error_and_keeps_earlier_results(tmp_path, monkeypatch):
     original = Trainer.train_epoch
 
@@ -147,6 +151,7 @@ def _snapshot(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_finished_run_is_reused_only_for_the_same_identity(tmp_path):
     first = run(make_config(*TINY), tmp_path)
     assert first["run_id"] == digest(identity(make_config(*TINY)))
@@ -213,6 +218,7 @@ def test_a_second_process_cannot_train_into_a_locked_directory(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["float32", "sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty"])
+@pytest.mark.slow
 def test_checkpoints_hold_plain_tensors_and_values_only(tmp_path, method):
     run(make_config(*TINY, f"method={method}", "train.epochs=1"), tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # no pickled objects: nothing can run on load
@@ -280,6 +286,7 @@ def test_init_from_needs_a_finished_run_with_a_safe_checkpoint(tmp_path, monkeyp
     (foreign / "checkpoint.pt").unlink()  # not a qtrain checkpoint: keep the suite's check of all checkpoints green
 
 
+@pytest.mark.slow
 def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
     run(make_config(*TINY, "method=float32"), tmp_path / "pre")
     with pytest.raises(ConfigError, match="holds no finished run"):
@@ -292,6 +299,7 @@ def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty"])
+@pytest.mark.slow
 def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
     # fused stays part of a run's identity (another kernel, another run); its results must not differ
     overrides = [*TINY, f"method={method}", "train.epochs=1"]
@@ -322,6 +330,7 @@ def test_the_python_release_is_part_of_a_text_run_identity(monkeypatch):
     assert "python" not in identity(make_config(*TINY))["data"]  # an image run's identity is as it was
 
 
+@pytest.mark.slow
 def test_summary_and_log_name_the_data_sizes(tmp_path, caplog):
     from qtrain.data import load_data
 

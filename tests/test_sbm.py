@@ -88,12 +88,14 @@ def test_evaluation_uses_the_running_activation_range():
     assert torch.equal(act(x), formats.range_linear(x, 8, lo.view(1, 1), hi.view(1, 1)))
 
 
+@pytest.mark.slow
 def test_sbm_learns_the_synthetic_task(tmp_path):
     summary = run(make_config(*TINY, "train.epochs=3"), tmp_path)
     assert summary["final"]["test_acc"] > 0.9
 
 
 @pytest.mark.parametrize("bits,saved_dtype", [(2, torch.uint8), (12, torch.int16), (16, torch.float32)])
+@pytest.mark.slow
 def test_activation_codes_take_the_smallest_dtype_and_train(tmp_path, bits, saved_dtype, device):
     _, model = prepared("sbm", f"method.act_bits={bits}")
     layer = model.layer1[0].conv2.to(device)

@@ -161,6 +161,7 @@ def test_a_sequence_longer_than_the_context_is_refused():
 @pytest.mark.parametrize("method,attention_quantized", [
     ("float32", False), ("sbm", True), ("pfq", True), ("muppet", True), ("adapt", False), ("dynasty", False),
 ])
+@pytest.mark.slow
 def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, method, attention_quantized):
     from qtrain.run import run
 
@@ -209,6 +210,7 @@ def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_l
 
 
 @pytest.mark.parametrize("method,kept", [("pfq", ["head"]), ("sbm", []), ("pfq", [])])
+@pytest.mark.slow
 def test_a_run_states_the_layers_it_keeps_in_float32_and_their_share_of_the_cost(tmp_path, caplog, method, kept):
     from qtrain.run import run
 
