@@ -413,7 +413,7 @@ def test_paper_plots_keep_to_one_unit_an_axis():
 
     def cell(row, column, metric, paper, ours, **keys):
         return {"row": row, "column": column, "metric": metric, "scale": "paper", "config": "", "paper": paper,
-                "ours": ours, "ours_std": math.nan, **keys}
+                "ours": ours, "ours_std": math.nan} | keys
 
     # at paper scale a table's absolute rows stand beside its relative "Improv." row: only the first kind is drawn
     frame = pd.DataFrame([cell("SBM", "Acc", "best_test_acc", 92.7, 92.0), cell("SBM", "MACs", "quantized_macs", 1.2e14, 1.1e14),
@@ -431,6 +431,13 @@ def test_paper_plots_keep_to_one_unit_an_axis():
                          cell("PFQ LM", "Perplexity", "perplexity", -0.06, 3.0, figure="difference to SBM")])
     assert {a.get_xlabel() for a in paper_figure(mini, "t").axes} == {
         "paper: difference to SBM", "paper: difference to SBM (perplexity)"}
+    # a row run at two reduced scales: a point for each, named by its scale
+    scales = pd.DataFrame([cell("DFQ", "Acc", "best_test_acc", -0.1, ours, scale=scale, figure="difference to SBM")
+                           for scale, ours in (("mini", -2.0), ("smoke", -5.0))]
+                          + [cell("DFQ", "MACs", "quantized_macs", 58.0, ours, scale=scale, figure="% saved against SBM")
+                             for scale, ours in (("mini", 49.0), ("smoke", 30.0))])
+    (axes,) = paper_accuracy_cost_figure(scales, "t").axes
+    assert [line.get_label() for line in axes.get_lines()][1::2] == ["DFQ mini", "DFQ smoke"]
 
 
 @pytest.mark.slow

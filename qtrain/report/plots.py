@@ -434,7 +434,8 @@ def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None
         accuracy = cells[cells.metric.isin(ACCURACY_FIGURES)]
         cost = cells[cells.metric.isin(COST_FIGURES)]
         if len(accuracy) and len(cost):
-            points.append((f"{row} {config.split(' ', 1)[1]}".strip(), cost.iloc[0], accuracy.iloc[0]))
+            name = config if shown.scale.nunique() > 1 else config.split(" ", 1)[1]  # the scale where several are
+            points.append((f"{row} {name}".strip(), cost.iloc[0], accuracy.iloc[0]))
     # one pair of units on the axes: the most common (a paper-scale table's absolute rows beside its relative ones)
     units = pd.Series([(cost[kind], accuracy[kind]) for _, cost, accuracy in points], dtype=object)
     points = [point for point, pair in zip(points, units) if len(units) and pair == units.mode()[0]]
