@@ -79,6 +79,27 @@ def option(words: list[str], key: str) -> str | None:
     return next((w.partition("=")[2] for w in words if w.startswith(key + "=")), None)
 
 
+LOCATIONS = ("data.root", "hydra.sweep.dir")  # where a run reads and writes, not what it is
+
+
+def log_names(table: str, runs: list[list[str]]) -> list[str]:
+    """Each run's log file: the table and the values that set the run apart from the table's other runs (a path
+    by its last part: a pre-training's ``hydra.run.dir``, a retraining's ``train.init_from``), made unique."""
+    settings = [dict(w.split("=", 1) for w in run[1:] if "=" in w and not w.startswith("-")) for run in runs]
+    found: list[str] = []
+    for setting in settings:
+        varying = [key for key, value in setting.items()
+                   if key not in LOCATIONS and any(other.get(key) != value for other in settings)]
+        picks = [re.sub(r"[^\w.]+", "_", setting[key].rstrip("/").rsplit("/", 1)[-1]).strip("_") for key in varying]
+        name = unique = "-".join([table, *picks])
+        count = 1
+        while unique in found:
+            count += 1
+            unique = f"{name}-{count}"
+        found.append(unique)
+    return [f"{name}.log" for name in found]
+
+
 def run_all(runs: list[list[str]], jobs: int, launch: Callable[[list[str]], int]) -> list[int | None]:
     """``launch`` every run, ``jobs`` at a time, in order; the exit codes, None for a run not started.
 
@@ -138,12 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
 
-    def log_name(words: list[str]) -> str:  # the table and the run's own values (not the shared keys)
-        shared = ("experiment=", "scale=", "data.root=", "hydra.", "-")
-        picks = [re.sub(r"[^\w.]+", "_", w.partition("=")[2]).strip("_") for w in words[1:] if not w.startswith(shared)]
-        return "-".join([args.table, *picks]) + ".log"
-
-    codes = run_all(runs, args.jobs, lambda words: run(words + ["progress=false"], logs / log_name(words), threads))
+    names = {id(words): name for words, name in zip(runs, log_names(args.table, runs))}
+    codes = run_all(runs, args.jobs, lambda words: run(words + ["progress=false"], logs / names[id(words)], threads))
     for words, code in zip(runs, codes):
         status = "ok" if code == 0 else "NOT RUN (the run it starts from failed)" if code is None else f"FAILED ({code})"
         print(f"{status}: {shlex.join(words)}")

@@ -77,3 +77,16 @@ def test_a_run_waits_for_the_run_it_starts_from_and_is_not_started_when_that_one
     assert codes == [0, 1, 0, None, 0]
     assert "slow" in started_after["from_a"]
     assert "from_b" not in started_after
+
+
+def test_each_run_logs_to_a_file_named_by_what_sets_it_apart(tmp_path):
+    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.header_commands("fractrain_table5")]
+    runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)], ["data=cifar10"])
+    names = run_table.log_names("fractrain_table5", runs)
+    assert len(set(names)) == 10  # the two pre-trainings once wrote into one file
+    assert names[:2] == ["fractrain_table5-fractrain_adapt_pretrain-pretrain_adapt_cifar10.log",
+                         "fractrain_table5-fractrain_finetune_pretrain-pretrain_finetune_cifar10.log"]
+    assert "fractrain_table5-fractrain_finetune-dfq-pretrain_finetune_cifar10.log" in names
+    assert not any(str(tmp_path.name) in name for name in names)  # locations are not part of a name
+    same = [["qtrain", "method=sbm", "seed=0"], ["qtrain", "method=sbm", "seed=0"], ["qtrain", "method=dfq", "seed=0"]]
+    assert run_table.log_names("t", same) == ["t-sbm.log", "t-sbm-2.log", "t-dfq.log"]
