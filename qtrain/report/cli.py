@@ -228,16 +228,11 @@ def report(argv: list[str] | None = None) -> str:
             text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
             _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))
     if args.plots:
-        from qtrain.report.plots import paper_accuracy_cost_plot, paper_plot, write_plots
+        from qtrain.report.plots import write_paper_plots, write_plots
 
         images = write_plots(runs, args.plots)
         for name, parts, _ in exports:
-            for kind, heading, frame in parts:
-                if kind != "scale-bound":  # absolute figures at a reduced scale do not compare with the paper's
-                    stem = args.plots / f"paper-{name}-{kind.replace(' ', '-')}"
-                    found = (paper_plot(frame, heading, stem.with_suffix(".png")),
-                             paper_accuracy_cost_plot(frame, heading, stem.with_name(f"{stem.name}-accuracy-cost.png")))
-                    images += [path for path in found if path]
+            images += write_paper_plots(name, parts, args.plots)
         _write_html(args.plots / "report.html", sections, images)
     lines = []
     for heading, frame, note in sections:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -370,8 +371,7 @@ def turning_points_plot(group: Group, out: Path) -> Path | None:
 
 def _plottable(frame: pd.DataFrame) -> pd.DataFrame:
     """The cells of a comparison view with a finite value of the paper's and of ours."""
-    finite = frame.paper.map(math.isfinite, na_action="ignore") & frame.ours.map(math.isfinite, na_action="ignore")
-    return frame[finite.fillna(False).astype(bool)]
+    return frame[frame.paper.abs().lt(math.inf) & frame.ours.abs().lt(math.inf)]  # NaN compares false
 
 
 def paper_figure(frame: pd.DataFrame, title: str) -> Figure | None:
@@ -413,12 +413,6 @@ def paper_figure(frame: pd.DataFrame, title: str) -> Figure | None:
     return fig
 
 
-def paper_plot(frame: pd.DataFrame, title: str, path: Path) -> Path | None:
-    """:func:`paper_figure` written to ``path`` (a PNG); None when it has no point."""
-    fig = paper_figure(frame, title)
-    return None if fig is None else _save(fig, path)
-
-
 ACCURACY_FIGURES = ("test_acc", "best_test_acc", "acc_drop", "acc_delta_vs_sbm")  # a paper cell's metric
 COST_FIGURES = ("quantized_macs", "effective_macs", "effective_macs_at_best", "savings_vs_sbm_percent")
 
@@ -436,11 +430,12 @@ def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None
         if len(accuracy) and len(cost):
             name = config if shown.scale.nunique() > 1 else config.split(" ", 1)[1]  # the scale where several are
             points.append((f"{row} {name}".strip(), cost.iloc[0], accuracy.iloc[0]))
-    # one pair of units on the axes: the most common (a paper-scale table's absolute rows beside its relative ones)
-    units = pd.Series([(cost[kind], accuracy[kind]) for _, cost, accuracy in points], dtype=object)
-    points = [point for point, pair in zip(points, units) if len(units) and pair == units.mode()[0]]
     if not points:
         return None
+    # one pair of units on the axes: the most common (a paper-scale table's absolute rows beside its relative ones)
+    units = [(cost[kind], accuracy[kind]) for _, cost, accuracy in points]
+    common = Counter(units).most_common(1)[0][0]
+    points = [point for point, pair in zip(points, units) if pair == common]
     fig = Figure(figsize=(7.5, 5.5), layout="constrained")
     axes = fig.add_subplot()
     for i, (name, cost, accuracy) in enumerate(points):
@@ -456,10 +451,20 @@ def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None
     return fig
 
 
-def paper_accuracy_cost_plot(frame: pd.DataFrame, title: str, path: Path) -> Path | None:
-    """:func:`paper_accuracy_cost_figure` written to ``path`` (a PNG); None when it has no point."""
-    fig = paper_accuracy_cost_figure(frame, title)
-    return None if fig is None else _save(fig, path)
+def write_paper_plots(name: str, parts: list[tuple[str, str, pd.DataFrame]], out: Path) -> list[Path]:
+    """The paper figures of table ``name``'s comparison views (``parts``: kind, heading, frame) as PNG files in
+    ``out``, ``paper-NAME-VIEW.png`` and ``paper-NAME-VIEW-accuracy-cost.png``; a reduced scale's absolute figures
+    (the "scale-bound" view) are not compared with the paper's."""
+    written = []
+    for kind, heading, frame in parts:
+        if kind == "scale-bound":
+            continue
+        stem = f"paper-{name}-{kind.replace(' ', '-')}"
+        for draw, suffix in ((paper_figure, ""), (paper_accuracy_cost_figure, "-accuracy-cost")):
+            fig = draw(frame, heading)
+            if fig is not None:
+                written.append(_save(fig, out / f"{stem}{suffix}.png"))
+    return written
 
 
 PER_RUN: tuple[Callable[[Run, Path, list[Run]], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
