@@ -31,10 +31,11 @@ from qtrain.report.tables import display_frame, run_frame, summary_frame
 from .conftest import TINY, run_cli
 
 
-def _method(name: str, **changes) -> dict:
-    method = OmegaConf.to_container(OmegaConf.load(conf_dir() / "method" / f"{name}.yaml"))
-    method.update(changes)
-    return method
+def _group(group: str, name: str, **changes) -> dict:
+    """Config group ``group``'s option ``name`` as its yaml holds it (interpolations unresolved), with ``changes``."""
+    option = OmegaConf.to_container(OmegaConf.load(conf_dir() / group / f"{name}.yaml"))
+    option.update(changes)
+    return option
 
 
 def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[float], *, seed: int = 0,
@@ -50,7 +51,7 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
     if scale is not None:
         (run_dir / ".hydra").mkdir()
         (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(["method=" + method, f"scale={scale}"]))
-    config = {"method": _method(method, **(method_keys or {})), "model": {"name": model},
+    config = {"method": _group("method", method, **(method_keys or {})), "model": _group("model", model),
               "data": {"name": data, **(data_keys or {})}, "seed": seed,
               "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}, "optim": optim_keys or {}}
     metrics = pd.DataFrame({"epoch": range(1, len(accs) + 1), "test_acc": accs, "train_loss": [2.0 - a for a in accs],
@@ -62,7 +63,8 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
         summary = {"status": status, "method": method, "model": model, "data": data, "seed": seed,
                    "epochs_completed": len(accs), "final": {"test_acc": accs[-1]}, "best_test_acc": max(accs),
                    "cost": {"effective_macs": macs[-1], "percent_of_float32": 100.0 * macs[-1] / 1e12},
-                   "float32_layers": {"share_of_cost": float32_share}, "config": config, **(summary_extra or {})}
+                   "float32_layers": {"share_of_cost": float32_share},
+                   "config": OmegaConf.to_container(OmegaConf.create(config), resolve=True), **(summary_extra or {})}
         (run_dir / "summary.json").write_text(json.dumps(summary))
     else:
         (run_dir / ".hydra").mkdir(exist_ok=True)
@@ -115,6 +117,15 @@ def test_status_of_runs_without_a_summary(tmp_path):
     assert frame.loc[1, "test_acc"] == pytest.approx(70.0) and frame.loc[1, "epochs"] == 2  # from metrics.csv
     table = summary_frame(frame.reset_index())
     assert set(table.status.iloc[0].split(", ")) == {"1 stopped", "1 running", "1 diverged"}
+
+
+def test_a_run_in_progress_reads_its_config_resolved_as_a_finished_one(tmp_path):
+    # run.py resolves the config into summary.json; .hydra/config.yaml keeps sbm.yaml's ${.grad_bits}
+    fake_run(tmp_path, "done", "sbm", [0.5], [1e9])
+    fake_run(tmp_path, "stopped", "sbm", [0.6], [1e9], status=None, seed=1)
+    frame = run_frame(find_runs([tmp_path]))
+    assert set(frame.config) == {""}  # no key sets the two apart
+    assert len(summary_frame(frame)) == 1
 
 
 def test_other_config_differences_split_rows(tmp_path):

@@ -4,10 +4,11 @@ A run directory is a folder holding ``summary.json``, ``checkpoint.pt`` or ``met
 ``run.py`` writes, see ``results.py``). Its status is the summary's (completed, diverged, failed);
 without a summary it is ``running`` while a process holds its lock, and ``stopped`` otherwise (a run
 killed or cut short: rerunning its command resumes it). Figures of a run without a summary come from
-its last ``metrics.csv`` row, so a sweep in progress reports what it has. A run whose summary,
-config or ``metrics.csv`` cannot be read is ``damaged: <file>: <why>``, without the figures of that
-file, and the report goes on. One identity may sit in two directories (named with and without
-``seed=0``, say): :func:`one_per_identity` keeps one.
+its last ``metrics.csv`` row and its config from ``.hydra/config.yaml`` (interpolations resolved, as in a
+summary), so a sweep in progress reports what it has. A run whose summary, config or ``metrics.csv``
+cannot be read is ``damaged: <file>: <why>``, without the figures of that file, and the report goes on.
+One identity may sit in two directories (named with and without ``seed=0``, say): :func:`one_per_identity`
+keeps one.
 
 A run's *scale* (``scale=paper|mini|smoke``, conf/scale/) is a Hydra group choice, not a config key: it is
 read from the command line the run recorded in ``.hydra/overrides.yaml``; a run that names none is at
@@ -28,6 +29,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
+import qtrain.config  # noqa: F401 - registers the resolvers a run's .hydra/config.yaml may hold
 from qtrain.errors import QtrainError
 from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary
 
@@ -63,7 +65,7 @@ def _read_config(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         config = summary["config"]
     elif (run_dir / HYDRA_DIR / "config.yaml").is_file():
         try:
-            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_DIR / "config.yaml"))
+            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_DIR / "config.yaml"), resolve=True)
         except Exception as err:  # noqa: BLE001 - YAML and OmegaConf raise assorted errors on a damaged file
             raise _Damaged(f"{HYDRA_DIR}/config.yaml: {type(err).__name__}") from None
     else:
