@@ -1,0 +1,73 @@
+"""A finished classification run's accuracy in evaluation mode on its own training images, beside its test accuracy.
+
+    python scripts/eval_checkpoint.py RUN_DIR [RUN_DIR ...] [--data-root DATA]
+
+metrics.csv's ``train_acc`` is counted in training mode while the weights still move over the epoch, so it cannot
+tell a run that fits its training set less well from one that fits it as well but generalizes or evaluates worse.
+This script loads each run's last checkpoint (``checkpoint.pt``) into the model and method its config builds and
+counts, in evaluation mode as the run's test accuracy is counted, its training images (in order, without
+augmentation: how well it fits them) and its test images (the run's last test accuracy, recomputed: a check that
+the checkpoint is the run's). Their difference is the run's generalization gap. Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from qtrain.data import load_data
+from qtrain.data.batches import BatchStream
+from qtrain.methods import build_method
+from qtrain.models import build_model
+from qtrain.results import CHECKPOINT, SUMMARY, load_state
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, batches: BatchStream) -> float:
+    """Share of ``batches``' samples ``model`` classifies right, in its current mode."""
+    correct = seen = 0
+    for x, y in batches.epoch(0):
+        correct += model(x).argmax(1).eq(y).sum().item()
+        seen += len(y)
+    return correct / seen
+
+
+def evaluate(run_dir: Path, data_root: str | None = None) -> dict[str, object]:
+    """``run_dir``'s row: its method, model and epochs, and its accuracy on its training and test images."""
+    cfg = OmegaConf.create(json.loads((run_dir / SUMMARY).read_text())["config"])
+    if data_root is not None:
+        cfg.data.root = data_root
+    data = load_data(cfg.data)
+    method = build_method(cfg.method)
+    model = method.prepare(build_model(cfg.model.name, cfg.model, **data.model_inputs()))
+    checkpoint = load_state(run_dir / CHECKPOINT)
+    method.load_state_dict(checkpoint["method"])
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    size = cfg.train.eval_batch_size
+    train = BatchStream(data, data.train, size, cfg.seed, False)
+    test = BatchStream(data, data.test, size, cfg.seed, False)
+    return {"run": run_dir.name, "method": cfg.method.name, "model": cfg.model.name, "epochs": cfg.train.epochs,
+            "train (eval mode)": accuracy(model, train), "test": accuracy(model, test)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="finished run directories (summary.json, checkpoint.pt)")
+    parser.add_argument("--data-root", help="where the data is now, if not at the run's data.root")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows = [evaluate(run, args.data_root) for run in args.runs]
+    print("| " + " | ".join(rows[0]) + " |")
+    print("|" + "---|" * len(rows[0]))
+    for row in rows:
+        print("| " + " | ".join(f"{100 * v:.2f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+
+
+if __name__ == "__main__":
+    main()
