@@ -13,9 +13,9 @@ the checkpoint is the run's). Their difference is the run's generalization gap. 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+import pandas as pd
 import torch
 from omegaconf import OmegaConf
 from torch import nn
@@ -24,22 +24,19 @@ from qtrain.data import load_data
 from qtrain.data.batches import BatchStream
 from qtrain.methods import build_method
 from qtrain.models import build_model
-from qtrain.results import CHECKPOINT, SUMMARY, load_state
+from qtrain.results import CHECKPOINT, SUMMARY, load_state, load_summary
+from qtrain.task import Task
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, batches: BatchStream) -> float:
+def accuracy(model: nn.Module, batches: BatchStream, task: Task) -> float:
     """Share of ``batches``' samples ``model`` classifies right, in its current mode."""
-    correct = seen = 0
-    for x, y in batches.epoch(0):
-        correct += model(x).argmax(1).eq(y).sum().item()
-        seen += len(y)
-    return correct / seen
+    return sum(task.hits(model(x), y).item() for x, y in batches.epoch(0)) / batches.samples
 
 
 def evaluate(run_dir: Path, data_root: str | None = None) -> dict[str, object]:
     """``run_dir``'s row: its method, model and epochs, and its accuracy on its training and test images."""
-    cfg = OmegaConf.create(json.loads((run_dir / SUMMARY).read_text())["config"])
+    cfg = OmegaConf.create(load_summary(run_dir / SUMMARY)["config"])
     if data_root is not None:
         cfg.data.root = data_root
     data = load_data(cfg.data)
@@ -53,7 +50,7 @@ def evaluate(run_dir: Path, data_root: str | None = None) -> dict[str, object]:
     train = BatchStream(data, data.train, size, cfg.seed, False)
     test = BatchStream(data, data.test, size, cfg.seed, False)
     return {"run": run_dir.name, "method": cfg.method.name, "model": cfg.model.name, "epochs": cfg.train.epochs,
-            "train (eval mode)": accuracy(model, train), "test": accuracy(model, test)}
+            "train (eval mode)": accuracy(model, train, data.task), "test": accuracy(model, test, data.task)}
 
 
 def main() -> None:
@@ -61,12 +58,9 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="finished run directories (summary.json, checkpoint.pt)")
     parser.add_argument("--data-root", help="where the data is now, if not at the run's data.root")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    rows = [evaluate(run, args.data_root) for run in args.runs]
-    print("| " + " | ".join(rows[0]) + " |")
-    print("|" + "---|" * len(rows[0]))
-    for row in rows:
-        print("| " + " | ".join(f"{100 * v:.2f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+    table = pd.DataFrame([evaluate(run, args.data_root) for run in args.runs])
+    table[["train (eval mode)", "test"]] *= 100
+    print(table.to_markdown(index=False, floatfmt=".2f"))
 
 
 if __name__ == "__main__":
