@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qtrain.errors import ConfigError
-from qtrain.methods import RunFacts, StepInfo, build_method
+from qtrain.methods import RunFacts, StepInfo, adapt_switching, build_method
 from qtrain.methods.adapt import LayerSwitchState, tnvs_init_
 from qtrain.methods.adapt_switching import (
     Format,
@@ -499,3 +499,19 @@ def test_adapt_strategy_reads_the_mean_loss_of_the_last_average_lookback_steps()
     resumed, _ = prepared("adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}")
     resumed.load_state_dict(method.state_dict())
     assert resumed.strategy == "min" and list(resumed.losses) == [4.5, 4.0, 1.0]
+
+
+def test_pushdown_rounds_only_the_candidates_its_bisection_visits(monkeypatch):
+    torch.manual_seed(3)
+    w = 0.03 * torch.randn(64, 64, 3, 3)
+    rows = []
+    real = adapt_switching.fixed_point_candidates
+
+    def counted(x, wl, fl, *args):
+        rows.append(len(wl))
+        return real(x, wl, fl, *args)
+
+    monkeypatch.setattr(adapt_switching, "fixed_point_candidates", counted)
+    chosen = pushdown(w, Format(8, 4), 150, 1e-3, search="range")
+    # FL over 0..31 and WL over fl+1..32: at most 5 probes each, where rounding every candidate took 32 + 32 - fl
+    assert rows == [1] * len(rows) and len(rows) <= 5 + math.ceil(math.log2(32 - chosen.fl))
