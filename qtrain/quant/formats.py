@@ -142,7 +142,7 @@ def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:
     kept in [-126, 126] so that ``2^s`` is a normal float32. ``s`` is exact: no quotient is rounded
     (:func:`_largest_scale` compares mantissas and subtracts exponents).
     """
-    lo, hi = _finite_bounds(x.detach().reshape(1, -1))
+    lo, hi = _fused_bounds(x.detach().reshape(1, -1))
     half_range = 2.0 ** (wl - 1)
     upper = torch.where(hi > 0, _largest_scale(hi, half_range - 0.5), 127)
     lower = torch.where(lo < 0, _largest_scale(-lo, half_range + 0.5), 127)
