@@ -788,3 +788,49 @@ def test_one_identity_in_two_directories_is_counted_once(tmp_path):
 def test_report_help_does_not_load_torch():
     code = "import sys, qtrain.report.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _table5_adaptation_on_cifar10(root: Path) -> None:
+    """SBM and FracTrain retrained on CIFAR-10's second five classes, at mini scale: Table 5's adaptation, stand-in."""
+    common = {"model": "resnet38", "data": "cifar10", "scale": "mini", "data_keys": {"subset": {"by": "classes", "part": 1}}}
+    # best epochs: SBM's second (80 %, 8e11 MACs by then), FracTrain's second (78 %, 2e11), each before a worse last
+    fake_run(root, "sbm", "sbm", [0.70, 0.80, 0.79], [4e11, 8e11, 1.2e12],
+             method_keys={"act_range": "tensor", "last_layer": "float32"}, **common)
+    fake_run(root, "ft", "fractrain", [0.75, 0.78, 0.77], [1e11, 2e11, 3e11], **common)
+
+
+def test_runs_on_a_stand_in_dataset_match_a_papers_cells_only_when_named(tmp_path):
+    _table5_adaptation_on_cifar10(tmp_path)
+    comparison, _ = compare(find_runs([tmp_path]), "fractrain_table5")
+    assert comparison.empty  # CIFAR-10 runs are not CIFAR-100 cells
+    runs = find_runs([tmp_path])
+    for run in runs:
+        run.stands_in_for = "cifar100"
+    comparison, missed = compare(runs, "fractrain_table5")
+    assert set(comparison.stand_in) == {"cifar10"}
+    parts = dict(views(comparison))
+    assert list(parts) == ["comparable", "scale-bound"]  # a stand-in is never compared as at paper scale
+    cells = parts["comparable"].set_index(["row", "column"])
+    improv = "ResNet-38 CIFAR-100 / FracTrain Improv."
+    assert cells.ours[(improv, "Adaptation / MACs")] == pytest.approx(100 * (1 - 2e11 / 8e11))  # at each best epoch
+    assert cells.paper[(improv, "Adaptation / MACs")] == pytest.approx(68.7)
+    assert cells.ours[(improv, "Adaptation / Acc (%)")] == pytest.approx(78.0 - 80.0)
+    finetune = missed.set_index(["row", "column"]).why[("ResNet-38 CIFAR-100 / SBM / FW-8 / BW-8", "Fine-tuning / MACs")]
+    assert finetune.startswith("qtrain -m experiment=fractrain_finetune method=sbm ")  # the stand-in's header command
+    assert " data=cifar10 " in finetune and "pretrain_finetune_cifar10" in finetune
+    shown = report([str(tmp_path), "--paper", "fractrain_table5", "--stand-in", "cifar10=cifar100"])
+    assert "| stand_in" in shown and "| cifar10 " in shown
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--stand-in", "cifar10=cifar100"], "--stand-in cifar10=cifar100 is not allowed without --paper"),
+    (["--paper", "fractrain_table5", "--stand-in", "cifar10"], "--stand-in cifar10 is not allowed: give DATA=PAPER_DATA"),
+    (["--paper", "fractrain_table5", "--stand-in", "cifar10=cifar10"], "two different dataset names"),
+    (["--paper", "fractrain_table5", "--stand-in", "mnist=cifar100"],
+     "--stand-in mnist=cifar100 matches no run (the runs' data: cifar10)"),
+])
+def test_a_bad_stand_in_is_one_line_before_any_output(tmp_path, args, error):
+    _table5_adaptation_on_cifar10(tmp_path / "runs")
+    with pytest.raises(ReportError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        report([str(tmp_path / "runs"), *args, "--csv", str(tmp_path / "out" / "t.csv")])
+    assert not (tmp_path / "out").exists()

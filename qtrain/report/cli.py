@@ -7,7 +7,10 @@ A paper table's cells reproduced at paper scale are shown beside the paper's wit
 runs at a reduced scale (``mini``, ``smoke``) are shown in two parts: what compares across scales (each
 accuracy as its difference to the table's baseline row, each cost, energy and latency as the percentage saved
 against it, beside the same figure computed from the paper's cells; figures that are relative already), then
-the absolute figures as scale-bound context. The cells without a run are listed in two groups: not produced by
+the absolute figures as scale-bound context. ``--stand-in cifar10=cifar100`` reads runs on one dataset as
+stand-ins for a paper's cells on another (FracTrain Table 5 on CIFAR-10's halves where CIFAR-100 is not at hand):
+they are read as at a reduced scale, whatever their scale, and marked in a ``stand_in`` column (so are the smoke
+scale's synthetic stand-ins). The cells without a run are listed in two groups: not produced by
 qtrain (and why), and not run yet (with the command that makes them).
 
 Errors are one line, ``qtrain-report: error: ...``, exit code 2, before anything is written: an
@@ -51,6 +54,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help=f"the row to compute savings against, e.g. method=sbm (keys: {', '.join(CONFIG_COLUMNS)})")
     parser.add_argument("--paper", nargs="+", default=[], metavar="TABLE",
                         help="published tables to compare with (e.g. fractrain_table3; 'all' for every one)")
+    parser.add_argument("--stand-in", nargs="+", default=[], metavar="DATA=PAPER_DATA",
+                        help="with --paper, read the runs on DATA as stand-ins for the paper's PAPER_DATA cells (e.g. "
+                             "cifar10=cifar100); compared only as at a reduced scale, each figure against the table's "
+                             "baseline, and marked in a stand_in column")
     parser.add_argument("--aggregate", default="mean", choices=AGGREGATES,
                         help="over the seeds and folds of a configuration: mean ± std (default), or the figures of the "
                              "run with the best final test accuracy (AdaPT's protocol: the best of 10 folds)")
@@ -73,6 +80,19 @@ def _selector(pairs: list[str]) -> dict[str, str]:
             raise ReportError(f"--baseline {pair} is not allowed: give KEY=VALUE with KEY one of {', '.join(CONFIG_COLUMNS)}")
         selector[key] = value
     return selector
+
+
+def _stand_ins(pairs: list[str], paper: list[str]) -> dict[str, str]:
+    """``--stand-in``'s pairs as {run data: paper data}."""
+    if pairs and not paper:
+        raise ReportError(f"--stand-in {pairs[0]} is not allowed without --paper (it says which paper cells runs match)")
+    stand_ins = {}
+    for pair in pairs:
+        data, sep, paper_data = pair.partition("=")
+        if not (sep and data and paper_data) or data == paper_data:
+            raise ReportError(f"--stand-in {pair} is not allowed: give DATA=PAPER_DATA, two different dataset names")
+        stand_ins[data] = paper_data
+    return stand_ins
 
 
 def _paper_names(names: list[str]) -> list[str]:
@@ -102,7 +122,8 @@ def _paper_frame(view: pd.DataFrame) -> pd.DataFrame:
     if "beside" in shown:
         shown["beside"] = [f"{b:.4g} ({what})" if not pd.isna(b) else "" for b, what in zip(shown.beside, shown.beside_is)]
         drop += ["beside_is"] + ([] if shown.beside.any() else ["beside"])
-    drop += [column for column, plain in (("scale", "paper"), ("config", "")) if (shown[column] == plain).all()]
+    drop += [column for column, plain in (("scale", "paper"), ("stand_in", ""), ("config", ""))
+             if (shown[column] == plain).all()]
     return shown.drop(columns=drop)
 
 
@@ -201,8 +222,16 @@ def report(argv: list[str] | None = None) -> str:
     args = _arguments(argv)
     baseline = _selector(args.baseline)
     names = _paper_names(args.paper)
+    stand_ins = _stand_ins(args.stand_in, args.paper)
     _check_outputs(args)
     runs, twins = one_per_identity(find_runs(args.dirs))
+    for data, paper_data in stand_ins.items():
+        standing = [run for run in runs if run.data == data]
+        if not standing:
+            raise ReportError(f"--stand-in {data}={paper_data} matches no run (the runs' data: "
+                              f"{', '.join(sorted({run.data for run in runs}))})")
+        for run in standing:
+            run.stands_in_for = paper_data
     table = summary_frame(run_frame(runs), baseline, args.aggregate)
     _check_baseline(table, baseline)
     best = " (each row: its best run)" if args.aggregate == "best" else ""

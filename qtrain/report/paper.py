@@ -4,7 +4,8 @@ Each CSV cell names the qtrain run that reproduces it (method, model, data and t
 ``setting``) and which figure it is (``metric``; the vocabulary is ``results/paper/README.md``'s). A cell
 is matched by every run of that method, model and data whose config holds each override of its
 setting, ``train.epochs`` excepted (a ``mini`` or ``smoke`` scale shortens training; ``smoke``'s synthetic data
-names the dataset it stands in for in ``data.stand_in_for``); the mean and standard deviation over its
+names the dataset it stands in for in ``data.stand_in_for``, and ``qtrain-report --stand-in`` names one for real
+data: :attr:`Run.paper_data`); the mean and standard deviation over its
 seeds and folds (``aggregate="mean"``), or the figure of its best run (``aggregate="best"``: highest final test
 accuracy) are shown beside the paper's figure, with the difference ours − paper. The AdaPT tables are the
 best of 10 cross-validation folds (lorenz0890/AdaPT, ``utils/cv.py``): runs with ``data.fold=0..9`` reported
@@ -22,7 +23,8 @@ computes ``su_own / iso_acc`` (``utils/analytics.py``) against a fixed ``TARGET_
 tested against the held-out fold's accuracy logged per validation batch; qtrain's target is its own float32
 run's, tested against the test accuracy per epoch, so the share counts the epoch that reaches it.
 
-Runs at a reduced scale (``mini``, ``smoke``; :attr:`Run.scale`) are grouped apart from paper-scale ones and read
+Runs at a reduced scale (``mini``, ``smoke``; :attr:`Run.scale`) or on a stand-in dataset (its name in the
+``stand_in`` column) are grouped apart from paper-scale ones and read
 through :func:`views`: each scale-bound figure (:data:`SCALE_BOUND`) as its difference to, or saving against, the
 table's baseline cell, beside the same figure from the paper's cells, and the absolute figures as context only.
 The cells no run matches are listed by :func:`missing`: not produced by qtrain (why), or not run yet (the command).
@@ -45,7 +47,7 @@ from typing import Any
 
 import pandas as pd
 
-from qtrain.report.runs import ReportError, Run, flatten
+from qtrain.report.runs import ReportError, Run
 from qtrain.report.tables import AGGREGATES, figure, run_frame, score
 
 HEADER = ["paper", "table", "row", "column", "value", "method", "model", "data", "setting", "metric"]
@@ -85,8 +87,9 @@ def _parse_setting(text: str) -> tuple[tuple[str, Any], ...]:
     return tuple((o.key_or_group, o.value()) for o in parsed)
 
 
-def _config_value(run: Run, key: str) -> Any:
-    node: Any = run.config
+def _config_value(config: dict[str, Any], key: str) -> Any:
+    """The value at dotted ``key`` of a nested ``config`` (a whole subtree where the key names one)."""
+    node: Any = config
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return _MISSING
@@ -113,8 +116,8 @@ def matching(runs: list[Run], cell: pd.Series) -> list[Run]:
         return []
     setting = [(k, v) for k, v in _parse_setting(cell.setting) if k not in UNMATCHED]
     return [run for run in runs
-            if (run.method, run.model, run.get("data.stand_in_for") or run.data) == (cell.method, cell.model, cell.data)
-            and run.status != "failed" and all(_same(_config_value(run, k), v) for k, v in setting)]
+            if (run.method, run.model, run.paper_data) == (cell.method, cell.model, cell.data)
+            and run.status != "failed" and all(_same(_config_value(run.config, k), v) for k, v in setting)]
 
 
 def _summary(run: Run, *path: str) -> float | None:
@@ -343,16 +346,16 @@ def _ours(runs: list[Run], configs: dict[Path, tuple[str, str]], table: pd.DataF
     """One entry per scale and training config among the runs matching ``cell``: our figure and its spread, the
     figure beside it where there is one, the relative figure of a scale-bound one (:data:`DERIVED`), and how many
     runs there are."""
-    groups: dict[tuple[str, str], list[Run]] = {}
+    groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in matching(runs, cell):
-        groups.setdefault(configs[run.dir], []).append(run)
+        groups.setdefault((*configs[run.dir], run.data if run.data != cell.data else ""), []).append(run)
     baseline = table_baseline(table)
     reference = (_baseline_cell(table, cell, baseline, (cell.metric,))
                  if baseline is not None and cell.metric in DERIVED else None)
     if reference is not None and (reference.row, reference.column) == (cell.row, cell.column):
         reference = None  # the baseline's own cell
     found = []
-    for (scale, config), mine in groups.items():
+    for (scale, config, stand_in), mine in groups.items():
         read = _reader(runs, configs, table, cell, mine, aggregate)
         value, std = _aggregate(_read(mine, read), aggregate) if read else (math.nan, math.nan)
         beside, what = math.nan, ""
@@ -368,12 +371,12 @@ def _ours(runs: list[Run], configs: dict[Path, tuple[str, str]], table: pd.DataF
             ours, spread = _aggregate(_read(mine, against), aggregate) if against else (math.nan, math.nan)
             relative = {"relative_is": _relative_is(combine, baseline), "relative_paper": combine(cell.value, reference.value),
                         "relative": ours, "relative_std": spread}
-        found.append({"scale": scale, "config": config, "ours": value, "ours_std": std, "beside": beside,
+        found.append({"scale": scale, "stand_in": stand_in, "config": config, "ours": value, "ours_std": std, "beside": beside,
                       "beside_is": what, "runs": len(mine), **relative})
     return found
 
 
-COLUMNS = ["row", "column", "metric", "scale", "config", "paper", "ours", "ours_std", "difference", "beside",
+COLUMNS = ["row", "column", "metric", "scale", "stand_in", "config", "paper", "ours", "ours_std", "difference", "beside",
            "beside_is", "relative_is", "relative_paper", "relative", "relative_std", "runs"]
 
 
@@ -399,7 +402,9 @@ def compare(runs: list[Run], name: str, aggregate: str = "mean") -> tuple[pd.Dat
                          "difference": entry["ours"] - cell.value, **entry})
     comparison = pd.DataFrame(rows, columns=COLUMNS)
     scales = comparison.scale.value_counts()
-    return comparison, missing(name, pd.DataFrame(unmatched, columns=HEADER), scales.index[0] if len(scales) else None)
+    stand_ins = {run.stands_in_for: run.data for run in runs if run.stands_in_for}
+    return comparison, missing(name, pd.DataFrame(unmatched, columns=HEADER), scales.index[0] if len(scales) else None,
+                               stand_ins)
 
 
 def views(comparison: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -407,8 +412,8 @@ def views(comparison: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     scale, ``("comparable", ...)``, what compares across scales (each scale-bound figure as its difference to, or
     saving against, the table's baseline; the figures that are relative already), and ``("scale-bound", ...)``,
     the absolute figures, context only (no difference to the paper's). Views with no row are left out."""
-    at_paper = comparison[comparison.scale == "paper"]
-    reduced = comparison[comparison.scale != "paper"]
+    at_paper = comparison[(comparison.scale == "paper") & (comparison.stand_in == "")]
+    reduced = comparison.drop(at_paper.index)
     bound = reduced.metric.isin(SCALE_BOUND)
     derived = reduced[bound & (reduced.relative_is != "")].assign(
         figure=lambda f: f.relative_is, paper=lambda f: f.relative_paper, ours=lambda f: f.relative,
@@ -416,12 +421,12 @@ def views(comparison: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     printed = reduced[~bound].assign(figure=lambda f: [_figure_is(m) for m in f.metric])
     comparable = pd.concat([derived, printed]).sort_index(kind="stable")
     comparable = comparable.assign(difference=comparable.ours - comparable.paper)
-    shown = ["row", "column", "figure", "metric", "scale", "config", "paper", "ours", "ours_std", "difference",
+    shown = ["row", "column", "figure", "metric", "scale", "stand_in", "config", "paper", "ours", "ours_std", "difference",
              "beside", "beside_is", "runs"]
     found = [("paper scale", at_paper.drop(columns=["relative_is", "relative_paper", "relative", "relative_std"])),
              ("comparable", comparable[shown]),
-             ("scale-bound", reduced[bound][["row", "column", "metric", "scale", "config", "paper", "ours", "ours_std",
-                                             "runs"]])]
+             ("scale-bound", reduced[bound][["row", "column", "metric", "scale", "stand_in", "config", "paper", "ours",
+                                             "ours_std", "runs"]])]
     return [(kind, frame.reset_index(drop=True)) for kind, frame in found if len(frame)]
 
 
@@ -489,7 +494,7 @@ def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from qtrain.cli import conf_dir
     from qtrain.config import _compose
 
-    return flatten(OmegaConf.to_container(_compose(conf_dir(), list(overrides)), resolve=True, throw_on_missing=False))
+    return OmegaConf.to_container(_compose(conf_dir(), list(overrides)), resolve=True, throw_on_missing=False)
 
 
 def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> list[str] | None:
@@ -525,9 +530,9 @@ def _makes(overrides: list[str], cell: pd.Series) -> bool:
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     config = _composed(tuple(o.input_line for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()))
-    data = config.get("data.stand_in_for") or config.get("data.name")
-    return ((config.get("method.name"), config.get("model.name"), data) == (cell.method, cell.model, cell.data)
-            and all(_same(config.get(key, _MISSING), value) for key, value in _parse_setting(cell.setting)
+    data = config["data"].get("stand_in_for") or config["data"]["name"]
+    return ((config["method"]["name"], config["model"]["name"], data) == (cell.method, cell.model, cell.data)
+            and all(_same(_config_value(config, key), value) for key, value in _parse_setting(cell.setting)
                     if key not in UNMATCHED))
 
 
@@ -548,12 +553,18 @@ MISSING_COLUMNS = ["row", "column", "group", "why"]
 NOT_PRODUCED_GROUP, NOT_RUN_GROUP = "not produced by qtrain", "not run yet"
 
 
-def missing(name: str, cells: pd.DataFrame, scale: str | None = None) -> pd.DataFrame:
+def missing(name: str, cells: pd.DataFrame, scale: str | None = None,
+            stand_ins: dict[str, str] | None = None) -> pd.DataFrame:
     """The table's cells without a run, each in one of two groups: ``not produced by qtrain`` (``why``: the reason)
-    and ``not run yet`` (``why``: the command that makes it, at ``scale`` where given)."""
+    and ``not run yet`` (``why``: the command that makes it, at ``scale`` where given, on the dataset that
+    ``stand_ins`` (paper data: run data) has stand in for the cell's)."""
     rows = []
     for _, cell in cells.iterrows():
         why = _not_produced(cell)
+        made = cell
+        if stand_ins and cell.get("data") in stand_ins:
+            made = cell.copy()
+            made["data"] = stand_ins[cell.data]
         rows.append({"row": cell.row, "column": cell.column, "group": NOT_PRODUCED_GROUP if why else NOT_RUN_GROUP,
-                     "why": why or command(name, cell, scale)})
+                     "why": why or command(name, made, scale)})
     return pd.DataFrame(rows, columns=MISSING_COLUMNS)

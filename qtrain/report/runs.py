@@ -108,6 +108,7 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     damage: str = ""  # the first file found unreadable, and why
+    stands_in_for: str = ""  # the dataset a report reads this run's data as (``qtrain-report --stand-in``)
 
     @classmethod
     def load(cls, run_dir: Path) -> Run:
@@ -167,6 +168,11 @@ class Run:
     @property
     def data(self) -> str:
         return self.summary.get("data") or self.get("data.name", "?")
+
+    @property
+    def paper_data(self) -> str:
+        """The dataset whose papers' cells this run is matched with: the one it stands in for, else its own."""
+        return self.stands_in_for or self.get("data.stand_in_for") or self.data
 
     @property
     def seed(self) -> int | None:
