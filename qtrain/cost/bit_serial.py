@@ -15,8 +15,9 @@ Model: in each GEMM the narrower operand is serial and the wider one parallel, i
 Energy is the accelerator's power times the time. DYNASTY's layers (format ``block-fp-map``) also pay
 the DYNASTY module: it analyses a fixed amount of data per step, so its energy per step is its Table 2
 power times the time the step takes at 4 bits; its overhead is then 3.5 % at 4 bits and 6.9 % at 2,
-close to the 4.1 % and 7.9 % that Fig. 8 implies. UNPU has no float unit (the paper leaves float32 out
-of Fig. 7): a float32 operand is priced as a 32-bit integer one, a stand-in for comparison only.
+close to the 4.1 % and 8.2 % that Fig. 8's energy and time imply (the paper's text: at most 7.9 %).
+UNPU has no float unit (the paper leaves float32 out of Fig. 7): a float32 operand is priced as a
+32-bit integer one, a stand-in for comparison only.
 """
 
 from __future__ import annotations
