@@ -14,6 +14,7 @@ identity) before the command line has been checked, when torch is not loaded yet
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -166,11 +167,24 @@ def wrap(model: nn.Module, device: torch.device, unused_parameters: bool) -> nn.
     """
     if not active():
         return model
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False,
-                                   find_unused_parameters=unused_parameters)
+    if ddp_takes_forward_sync_buffers():
+        return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False,
+                                       find_unused_parameters=unused_parameters)
+    # torch before 2.13: broadcast_buffers=False also leaves the buffers out of DDP's first sync, so send them here
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False, find_unused_parameters=unused_parameters)
+
+
+def ddp_takes_forward_sync_buffers() -> bool:
+    """Whether this torch's DistributedDataParallel takes ``forward_sync_buffers`` (2.13 and later)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -107,9 +107,13 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    """Every generator seeded, and on CUDA deterministic float32 kernels (cuDNN picks no racing algorithm, and
+    convolutions and matmuls do not round their inputs to TF32), so a config and seed repeat their metrics."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:

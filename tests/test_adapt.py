@@ -202,6 +202,19 @@ def test_lookback_and_resolution_rules():
     assert adapt_resolution(80, 60, 25, 100, 50, 150) == 80
 
 
+def test_tnvs_draws_the_cpu_generators_weights_on_every_device(device):
+    """A run starts from the same weights on a GPU as on the CPU: the draw is the CPU generator's, then copied."""
+    torch.manual_seed(3)
+    reference = torch.empty(8, 4, 3, 3)
+    torch.nn.init.trunc_normal_(reference, 0.0, math.sqrt(0.5 / 36), -math.sqrt(1.5 / 36), math.sqrt(1.5 / 36))
+    after = torch.rand(2)
+    torch.manual_seed(3)
+    w = torch.empty(8, 4, 3, 3, device=device)
+    tnvs_init_(w, 0.5)
+    assert w.device.type == device.type and torch.equal(w.cpu(), reference)
+    assert torch.equal(torch.rand(2), after)  # the CPU generator went on as after the reference draw
+
+
 def test_tnvs_draws_a_truncated_fan_in_normal():
     torch.manual_seed(0)
     w = torch.empty(256, 64, 3, 3)

@@ -162,6 +162,38 @@ def test_only_rank_0_writes_and_a_killed_run_resumes_to_the_same_results(two_ran
     assert len(torch.load(root / "sbm" / "checkpoint.pt", weights_only=True)["rank_rng"]) == 2
 
 
+def _wrap_worker(rank, world, port, new_api, out):
+    import torch.distributed as dist
+
+    from qtrain import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    distributed.ddp_takes_forward_sync_buffers = lambda: new_api
+    dist.init_process_group("gloo")
+    layer = torch.nn.BatchNorm1d(3)
+    layer.running_mean.fill_(rank + 1.0)
+    torch.nn.init.constant_(layer.weight, rank + 1.0)
+    wrapped = distributed.wrap(layer, torch.device("cpu"), unused_parameters=False)
+    torch.manual_seed(rank)
+    wrapped(torch.randn(4, 3))  # a forward: buffers are not synced here, so each rank's batch statistics stay its own
+    torch.save({"weight": layer.weight.detach(), "mean": layer.running_mean}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("new_api", [True, False], ids=["forward_sync_buffers", "before_torch_2.13"])
+@pytest.mark.slow
+def test_wrapping_syncs_weights_and_buffers_from_rank_0_once(tmp_path, new_api):
+    """DDP's first sync sends rank 0's weights and buffers to every rank on either DDP API (before torch 2.13 qtrain
+    sends the buffers itself); the forward syncs none: each rank's running mean moves from rank 0's own way."""
+    mp.spawn(_wrap_worker, args=(2, _free_port(), new_api, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert all(torch.equal(r["weight"], torch.ones(3)) for r in ranks)  # rank 0's weights everywhere
+    # momentum 0.1 from rank 0's 1.0: 0.9 + 0.1 * (the rank's batch mean): never 2.0's 1.8 + ...
+    assert all((r["mean"] - 0.9).abs().max() < 0.5 for r in ranks)
+    assert not torch.equal(ranks[0]["mean"], ranks[1]["mean"])  # different batches: no sync in the forward
+
+
 def test_ranks_slice_each_batch_into_the_one_process_batch():
     data = load_data(make_config(*TINY, "data.n_train=70").data)  # the last batch of 6 splits 3/3
     kw = dict(crop_padding=2, flip=True)

@@ -267,7 +267,8 @@ def test_fused_kernels_match_eager_bit_for_bit(name, mode, device):
         rounding.set_fused(fused)
         torch.manual_seed(7)
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a compile failure falls back to eager with a warning
+            # a compile failure falls back to eager with this warning (other warnings of a first compile pass)
+            warnings.filterwarnings("error", message="torch.compile failed")
             results.append(_flat(FORMAT_CALLS[name](x, mode)))
     for eager, fused in zip(*results):
         assert eager.dtype == fused.dtype and eager.shape == fused.shape

@@ -138,10 +138,15 @@ log = logging.getLogger(__name__)
 
 
 def tnvs_init_(weight: torch.Tensor, scale: float) -> None:
-    """Sec. 3.1: truncated normal, ``σ = sqrt(scale / fan_in)``, cut at ``±sqrt(3 scale / fan_in)``."""
+    """Sec. 3.1: truncated normal, ``σ = sqrt(scale / fan_in)``, cut at ``±sqrt(3 scale / fan_in)``.
+
+    Drawn from the CPU generator and copied onto ``weight``'s device, so a run starts from the same weights (and
+    leaves the generator in the same state for what follows) on every device.
+    """
     fan_in = weight[0].numel()
     bound = math.sqrt(3 * scale / fan_in)
-    nn.init.trunc_normal_(weight, 0.0, math.sqrt(scale / fan_in), -bound, bound)
+    drawn = nn.init.trunc_normal_(torch.empty(weight.shape, dtype=weight.dtype), 0.0, math.sqrt(scale / fan_in), -bound, bound)
+    weight.copy_(drawn)
 
 
 def initialize(model: nn.Module, init: str, scale: float) -> None:

@@ -138,6 +138,22 @@ def _specialized(fn: Callable[..., Any], static: dict[str, Any], shapes: str) ->
     return clone
 
 
+def _compile_options() -> dict[str, Any]:
+    """Inductor's options for a fused kernel: the eager kernels' arithmetic, so both give the same bits.
+
+    No fused multiply-add contraction (Triton's default): the eager ops round each product. On the GPU, Triton's
+    float division is approximate and flushes subnormals to zero unless told otherwise (options of torch 2.12 and
+    later; older releases lack them). The thread count is fixed into the generated CPU code: naming it keys
+    inductor's cache on it, so a kernel compiled by a single-threaded process is not reused by a multi-threaded one.
+    """
+    options: dict[str, Any] = {"emulate_precision_casts": True, "cpp.threads": torch.get_num_threads()}
+    eager = getattr(torch._inductor.config, "eager_numerics", None)
+    for name in ("division_rounding", "disable_ftz"):
+        if hasattr(eager, name):
+            options[f"eager_numerics.{name}"] = True
+    return options
+
+
 def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords and
     pattern of size-1 dimensions of the tensors.
@@ -159,12 +175,8 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
         shapes = "x".join("".join("1" if d == 1 else "n" for d in t.shape) for t in tensors)
         signature = (tuple(sorted(static.items())), shapes)
         if signature not in kernels:
-            # no fused multiply-add contraction (Triton's default): the eager ops round each product
-            # the thread count is fixed into the generated code: naming it keys inductor's cache on it, so a
-            # kernel compiled by a single-threaded process is not reused serially by a multi-threaded one
             kernels[signature] = torch.compile(_specialized(fn, static, shapes), dynamic=True, fullgraph=True,
-                                               options={"emulate_precision_casts": True,
-                                                        "cpp.threads": torch.get_num_threads()})
+                                               options=_compile_options())
         kernel = kernels[signature]
         if kernel is fn:
             return fn(*tensors, **static)
