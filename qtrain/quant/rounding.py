@@ -142,9 +142,10 @@ def _compile_options() -> dict[str, Any]:
     """Inductor's options for a fused kernel: the eager kernels' arithmetic, so both give the same bits.
 
     No fused multiply-add contraction (Triton's default): the eager ops round each product. On the GPU, Triton's
-    float division is approximate and flushes subnormals to zero unless told otherwise (options of torch 2.12 and
-    later; older releases lack them). The thread count is fixed into the generated CPU code: naming it keys
-    inductor's cache on it, so a kernel compiled by a single-threaded process is not reused by a multi-threaded one.
+    float division is approximate and flushes subnormals to zero unless told otherwise (options of recent torch
+    releases, left out where a release lacks them). The thread count is fixed into the generated CPU code: naming
+    it keys inductor's cache on it, so a kernel compiled by a single-threaded process is not reused by a
+    multi-threaded one.
     """
     options: dict[str, Any] = {"emulate_precision_casts": True, "cpp.threads": torch.get_num_threads()}
     eager = getattr(torch._inductor.config, "eager_numerics", None)
