@@ -106,14 +106,19 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def float32_kernels() -> None:
+    """On CUDA, cuDNN's deterministic algorithms (no benchmarking race between them) and no TF32: convolutions and
+    matmuls take float32 inputs as they are. Nothing changes on the CPU."""
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def seed_everything(seed: int) -> None:
-    """Every generator seeded, and on CUDA deterministic float32 kernels (cuDNN picks no racing algorithm, and
-    convolutions and matmuls do not round their inputs to TF32), so a config and seed repeat their metrics."""
+    """Every generator seeded, and :func:`float32_kernels`."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    float32_kernels()
 
 
 def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:

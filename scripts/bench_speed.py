@@ -116,6 +116,7 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     from qtrain.cost import CostMeter
     from qtrain.methods import RunFacts, StepInfo, build_method
     from qtrain.methods.adapt_switching import Format
+    from qtrain.run import float32_kernels
     from qtrain.task import Task
 
     overrides = VARIANTS.get(name, [f"method={name}"])
@@ -126,6 +127,7 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     if cfg.method.name in ("dfq", "fractrain"):
         _draw_trained_shares()
     torch.manual_seed(0)
+    float32_kernels()  # the kernels a run takes
     method = build_method(cfg.method)
     model, x, y, samples_per_epoch = _workload(model_name, batch)
     model, x, y = method.prepare(model.to(device)).to(device), x.to(device), y.to(device)
@@ -192,7 +194,7 @@ def _alternating_medians(fns: dict, repeats: int = 30) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def rounding_ratios(device: torch.device) -> dict:
+def rounding_ratios(device: torch.device, qtorch: bool) -> dict:
     from qtrain.quant.formats import fixed_point
 
     x = torch.randn(4_000_000, device=device)
@@ -202,8 +204,9 @@ def rounding_ratios(device: torch.device) -> dict:
 
     fns = {"copy_ms": synced(x.clone), "ours_sr_ms": synced(lambda: fixed_point(x, 8, 4, "stochastic"))}
     try:
-        from qtorch.quant import fixed_point_quantize
-        fns["qtorch_sr_ms"] = synced(lambda: fixed_point_quantize(x, 8, 4, rounding="stochastic"))
+        if qtorch:  # its first import compiles its extensions (CUDA's too where there is a GPU)
+            from qtorch.quant import fixed_point_quantize
+            fns["qtorch_sr_ms"] = synced(lambda: fixed_point_quantize(x, 8, 4, rounding="stochastic"))
     except Exception:  # noqa: BLE001 - not installed, or its extension failed to build here: no qtorch column
         pass
     return _alternating_medians(fns, repeats=10 if "qtorch_sr_ms" in fns else 30)
@@ -226,6 +229,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS,
                         help="methods to time (float32, the reference, always runs; default: every one that applies)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--no-qtorch", dest="qtorch", action="store_false",
+                        help="leave qtorch's stochastic rounding out of the comparison (its first import compiles it)")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -293,7 +298,7 @@ def main() -> None:
     if "adapt" in results:
         print(f"adapt: one round of switches (every layer) {results['adapt']['switch_s']:.3f} s, amortized over "
               f"{ADAPT_SWITCH_EVERY} steps in its step time")
-    sr = rounding_ratios(device)
+    sr = rounding_ratios(device, args.qtorch)
     ratio = sr["ours_sr_ms"] / sr["copy_ms"]
     print(f"stochastic rounding of 4M floats: {sr['ours_sr_ms']:.2f} ms = {ratio:.2f}x a copy ({sr['copy_ms']:.2f} ms, "
           f"target <= 2x: {'met' if ratio <= 2 else 'missed'})", end="")

@@ -44,7 +44,27 @@ DEFAULT_LOSS_RTOL = 0.05
 ACC_ATOL = 0.10  # 6 of the 64 synthetic test images
 TIMEOUT_S = {"tests": 300, "runs": 150, "bench": 120}  # the parts' budgets: under 10 minutes together
 RUN_PAIRS = 2  # methods run at a time, each on both devices
-RUN_THREADS = "4"  # torch threads of each CPU-side run
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # as qtrain.launch sets them
+
+
+def child_env(threads: int | None = None) -> dict[str, str]:
+    """A child process's environment: the checkout importable (its qtrain, whether or not one is installed),
+    unbuffered output (what a child printed before a timeout comes back), and ``threads`` torch threads."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1"}
+    if threads is not None:
+        env.update(dict.fromkeys(THREAD_VARS, str(threads)))
+    return env
+
+
+def last_line(*texts: str | bytes | None) -> str:
+    """The last line of the first of ``texts`` that has one (a timed-out child's output may come as bytes)."""
+    for text in texts:
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        if text and text.strip():
+            return text.strip().splitlines()[-1]
+    return "no output"
 
 
 def device_test_files() -> list[Path]:
@@ -71,8 +91,7 @@ def _run_dir_metrics(run_dir: Path) -> dict:
     """A finished run's per-epoch metrics (wall times dropped), precision record and summary."""
     metrics = pd.read_csv(run_dir / "metrics.csv")
     return {"metrics": metrics.drop(columns=[c for c in metrics.columns if c.endswith("seconds")]),
-            # density (the share of nonzero weights) moves with a weight that rounds to zero on one device only
-        "precision": pd.read_csv(run_dir / "precision.csv").drop(columns="density", errors="ignore"),
+            "precision": pd.read_csv(run_dir / "precision.csv"),
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
 
@@ -81,11 +100,11 @@ def train(method: str, device: str, out: Path, fused: bool, deadline: float) -> 
     run_dir = out / f"{method}-{device}"
     command = [sys.executable, "-m", "qtrain.cli", *RUN, f"method={method}", f"device={device}",
                f"fused={str(fused).lower()}", "force=true", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "OMP_NUM_THREADS": RUN_THREADS}
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=_left(deadline), env=env)
+    threads = max(1, min(4, (os.cpu_count() or 1) // (2 * RUN_PAIRS)))
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=_left(deadline), cwd=ROOT,
+                          env=child_env(threads))
     if proc.returncode:
-        last = ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"exit {proc.returncode}: {last}")
+        raise RuntimeError(f"{device} run, exit {proc.returncode}: {last_line(proc.stderr, proc.stdout)}")
     return _run_dir_metrics(run_dir)
 
 
@@ -103,7 +122,9 @@ def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str
     worst = ((loss_a - loss_b).abs() / loss_b.abs()).max()
     ok = bool(worst <= rtol) and abs(acc_a - acc_b) <= ACC_ATOL
     how = f"other reduction order: loss within {rtol:g} relative (worst {worst:.2g}), acc within {ACC_ATOL:g}"
-    precision_equal = a["precision"].equals(b["precision"]) and cost_a == cost_b
+    # density (the share of zero weights) moves with a weight that rounds to zero on one device only
+    precision_a, precision_b = (r["precision"].drop(columns="density", errors="ignore") for r in (a, b))
+    precision_equal = precision_a.equals(precision_b) and cost_a == cost_b
     if method in FIXED_PRECISION:
         ok = ok and precision_equal
         how += "; cost and precision record equal" + ("" if precision_equal else " (they differ)")
@@ -117,10 +138,11 @@ def run_tests(device: str) -> tuple[bool, str]:
     command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
                *map(str, device_test_files())]
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S["tests"])
-    except subprocess.TimeoutExpired:
-        return False, f"ran past {TIMEOUT_S['tests']} s"
-    last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S["tests"],
+                              env=child_env())
+    except subprocess.TimeoutExpired as err:
+        return False, f"ran past {TIMEOUT_S['tests']} s; its last line: {last_line(err.stdout)}"
+    last = last_line(proc.stdout)
     if device == "cpu":
         return proc.returncode in (0, 5), last
     return proc.returncode == 0 and " passed" in last, last
@@ -128,8 +150,10 @@ def run_tests(device: str) -> tuple[bool, str]:
 
 def run_bench(device: str) -> tuple[bool, str, str]:
     """The speed benchmark on ``device``: whether it ran, its targets met and missed, and its printout."""
-    command = [sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--device", device, "--rounds", "1"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S["bench"])
+    command = [sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--device", device, "--rounds", "1",
+               "--no-qtorch"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S["bench"], cwd=ROOT,
+                          env=child_env())
     text = proc.stdout + (proc.stderr if proc.returncode else "")
     verdicts = [line.split()[3] for line in proc.stdout.splitlines() if len(line.split()) == 7]
     return proc.returncode == 0, f"targets met {verdicts.count('met')}, missed {verdicts.count('missed')}", text
@@ -172,19 +196,23 @@ def main(argv: list[str] | None = None) -> int:
             pairs = {method: (pool.submit(train, method, args.device, out, args.fused, deadline),
                               pool.submit(train, method, "cpu", out / other, args.fused, deadline))
                      for method in args.methods}
-            for method, (tested, reference) in pairs.items():
-                try:
-                    ok, detail = compare(method, tested.result(), reference.result(), args.device == "cpu")
-                except subprocess.TimeoutExpired:
-                    ok, detail = False, f"did not finish within the runs' {TIMEOUT_S['runs']} s"
-                except (RuntimeError, OSError) as err:
-                    ok, detail = False, f"did not finish: {err}"
-                row("run", method, ok, detail)
+            try:
+                for method, (tested, reference) in pairs.items():
+                    try:
+                        ok, detail = compare(method, tested.result(), reference.result(), args.device == "cpu")
+                    except subprocess.TimeoutExpired:
+                        ok, detail = False, f"did not finish within the runs' {TIMEOUT_S['runs']} s"
+                    except Exception as err:  # noqa: BLE001 - one method's failure is its row's, not the check's
+                        ok, detail = False, f"did not finish: {type(err).__name__}: {err}"
+                    row("run", method, ok, detail)
+            finally:
+                pool.shutdown(cancel_futures=True)
     if "bench" in args.parts:
         try:
             ok, detail, bench_text = run_bench(args.device)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as err:
             ok, detail = False, f"ran past {TIMEOUT_S['bench']} s"
+            bench_text = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
         row("bench", "scripts/bench_speed.py", ok, detail)
     table = "\n".join([*header, *[_line(*r) for r in rows]])
     if bench_text:
