@@ -122,7 +122,7 @@ def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str
     worst = ((loss_a - loss_b).abs() / loss_b.abs()).max()
     ok = bool(worst <= rtol) and abs(acc_a - acc_b) <= ACC_ATOL
     how = f"other reduction order: loss within {rtol:g} relative (worst {worst:.2g}), acc within {ACC_ATOL:g}"
-    # density (the share of zero weights) moves with a weight that rounds to zero on one device only
+    # density (the share of nonzero weights) moves with a weight that rounds to zero on one device only
     precision_a, precision_b = (r["precision"].drop(columns="density", errors="ignore") for r in (a, b))
     precision_equal = precision_a.equals(precision_b) and cost_a == cost_b
     if method in FIXED_PRECISION:
