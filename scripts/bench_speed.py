@@ -203,12 +203,12 @@ def rounding_ratios(device: torch.device, qtorch: bool) -> dict:
         return (lambda: (fn(), torch.cuda.synchronize(device))) if device.type == "cuda" else fn
 
     fns = {"copy_ms": synced(x.clone), "ours_sr_ms": synced(lambda: fixed_point(x, 8, 4, "stochastic"))}
-    try:
-        if qtorch:  # its first import compiles its extensions (CUDA's too where there is a GPU)
+    if qtorch:  # its first import compiles its extensions (CUDA's too where there is a GPU)
+        try:
             from qtorch.quant import fixed_point_quantize
             fns["qtorch_sr_ms"] = synced(lambda: fixed_point_quantize(x, 8, 4, rounding="stochastic"))
-    except Exception:  # noqa: BLE001 - not installed, or its extension failed to build here: no qtorch column
-        pass
+        except Exception:  # noqa: BLE001 - not installed, or its extension failed to build here: no qtorch column
+            pass
     return _alternating_medians(fns, repeats=10 if "qtorch_sr_ms" in fns else 30)
 
 

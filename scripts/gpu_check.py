@@ -57,12 +57,15 @@ def child_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+def decoded(text: str | bytes | None) -> str:
+    """A child's output as text (a timed-out child's comes as bytes, or None)."""
+    return text.decode(errors="replace") if isinstance(text, bytes) else (text or "")
+
+
 def last_line(*texts: str | bytes | None) -> str:
-    """The last line of the first of ``texts`` that has one (a timed-out child's output may come as bytes)."""
-    for text in texts:
-        if isinstance(text, bytes):
-            text = text.decode(errors="replace")
-        if text and text.strip():
+    """The last line of the first of ``texts`` that has one."""
+    for text in map(decoded, texts):
+        if text.strip():
             return text.strip().splitlines()[-1]
     return "no output"
 
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             ok, detail, bench_text = run_bench(args.device)
         except subprocess.TimeoutExpired as err:
             ok, detail = False, f"ran past {TIMEOUT_S['bench']} s"
-            bench_text = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+            bench_text = decoded(err.stdout)
         row("bench", "scripts/bench_speed.py", ok, detail)
     table = "\n".join([*header, *[_line(*r) for r in rows]])
     if bench_text:
