@@ -1,71 +1,14 @@
 """AdaPT's analytical performance model (AdaPT paper Sec. 4.1.2, eqs. (6)-(9); Tables 3-6).
 
-Per training step ``i`` (a forward and backward pass of one micro-batch) and layer ``l`` with ``ops_l``
-forward MACs per sample (qtrain's profile of the layers the method quantizes: Conv2d and Linear), word
-length ``WL`` and weight density ``sp`` (share of non-zero quantized weights):
+Per training step and quantized layer (its forward MACs, word length and weight density): the training
+cost of eq. (8), AdaPT's PushDown/PushUp overhead of eq. (9) amortized per optimizer step, memory, model
+size and sparsity (Table 5); over the run, the speedups SU (the figure Tables 3-4 print, from the
+reference code's analytics: SU1 against this run's own float32 baseline, SU3 against MuPPET's) and
+Sec. 4.1.2's printed formula, MEM, and inference SU and SZ (Table 6), against the float32 baselines of
+:class:`BaselineRun`.
 
-- training cost, eq. (8): ``ops_l * (sp * WL + 32 / accs)`` per sample: the forward pass at the layer's
-  word length on a sparse tensor, the backward pass in float32 with dense gradients, amortized over the
-  ``accs`` accumulation steps as the paper writes it;
-- AdaPT's overhead, eq. (9): ``32 * (sp * ops_pd + ops_pu) / (accs * lb)`` per micro-batch with the
-  PushDown and PushUp bounds of eqs. (6)-(7), ``ops_pd = 2 * log2(32 - 8) * r * 3 * numel`` and
-  ``ops_pu = (lb + 1) * numel + 1`` (``r`` the layer's resolution, ``lb`` its lookback, ``numel`` its
-  weight count): one switch's ``32 * (sp * ops_pd + ops_pu)`` spread over the ``lb`` optimizer steps
-  (``accs * lb`` micro-batches) between two switches. A switch acts on the weights once per optimizer
-  step, whatever the batch, so the overhead is *not* multiplied by the batch size: the printed
-  ``bs_ours * costs_ours`` would charge it once per sample (in a 10-epoch AlexNet run at batch 128 that
-  made it 5.6 times the training cost);
-- memory: ``Σ_l (sp * WL + 32)`` per step (quantized copy plus float32 master), averaged over steps. A
-  layer at 32 bits (MuPPET's float32 stage) is charged ``sp * 32 + 32`` too, as AdaPT's reference priced
-  MuPPET (``utils/analytics.py`` prices its published schedule with the float32 epochs at WL = 32): MEM is
-  then ``1 + mean(WL) / 32`` for a dense run, 1.665 for AlexNet's 8/12/14/16/32 bits over 16/10/14/14/45
-  epochs and 1.62 for ResNet-20's 22/22/10/15/45 (Table 3: 1.66 and 1.61);
-- model size: ``Σ_l sp * WL`` after the last step;
-- sparsity (Table 5): the share of zeros after the last step (``final``) and averaged over the steps
-  (``average``), each an unweighted mean over every parameter tensor of the model: the quantized layers'
-  weights at their rounded copies, biases and batch-norm parameters as they are (float32 in qtrain), read
-  at every step. The reference (lorenz0890/AdaPT) averages the per-tensor zero shares its optimizer logs
-  (``utils/analytics.py``), over the entries its logger keeps: ``utils/logging.py`` drops an entry whose
-  *name* contains "bias", and the names differ by model. AlexNet's entries are named by layer class
-  (``QConv2d_FP``, ``QLinear_FP``), so its 6 biases are kept beside its 6 weights: every tensor, as here.
-  ResNet's are parameter names, so its biases (batch norm's and the classifier's) are dropped and its 21
-  batch-norm weights are averaged beside its 22 conv/linear weights: qtrain's mean adds the 22 biases
-  (43 of 65 tensors are the reference's). Beside them ``final_weighted`` and ``average_weighted`` weight
-  each quantized layer's weights by their count (the share of zeros among all the quantized weights).
-
-Speedups, for a float32 baseline ``b`` (:class:`BaselineRun`: batch ``bs_b``, accumulation ``accs_b``,
-``E_b`` epochs over the same training set) against this run (``bs``, ``accs``, ``E`` epochs):
-
-- ``SU``, the figure Tables 3-4 print (reference code, ``utils/analytics.py``, ``su_own`` and
-  ``su_other``): ``SU = (E_b / E) * 64 / (x + 32 * (bs_b * accs_b) / (bs * accs))`` with
-  ``x = Σ_i Σ_l ops_l * sp * WL / Σ_i Σ_l ops_l``, the mean of ``sp * WL`` over the run's steps and
-  layers weighted by each layer's forward MACs, plus AdaPT's overhead per sample in the same unit
-  (``overhead_bits = costs_AdaPT / (bs * Σ_i Σ_l ops_l)``, also reported). With the run's own batch,
-  accumulation and epochs it is SU1, ``64 / (x + 32)``; with MuPPET's baseline (batch 128, no
-  accumulation, 150 epochs) it is SU3, ``(150 / E) * 64 / (x + 32 * 128 / (bs * accs))``, the
-  reference's ``epochs * 2 Σ fl32 / (Σ q + Σ fl32 * bs_ratio / accs)``. These fit all four published
-  AdaPT rows of Tables 3-4 within 2.5 % (tests/test_adapt_model.py). The reference weights ``x`` by its
-  own MAdds estimates and adds its overhead estimate per logged step into them (negligible beside its
-  MAdds); qtrain weights by profiled MACs and amortizes the overhead per sample as above.
-- ``SU_printed``, Sec. 4.1.2's formula: ``SU = bs_b * costs_b / (bs * costs_train + costs_AdaPT)``,
-  ``costs_b`` eq. (8) at 32 bits, dense, without overhead, over ``E_b * ceil(N / bs_b)`` steps.
-- SU2 (Table 3's iso-accuracy speedup) needs the float32 run's accuracy: ``qtrain-report`` computes it
-  from the AdaPT run and its float32 baseline run (:mod:`qtrain.report.paper`).
-
-``MEM`` is this run's memory over float32 training's, which holds one 32-bit copy of each layer
-(``32 |L|``): above 1 where the quantized copy and the master cost more than float32 alone, as the
-paper's text (Sec. 4.2.1, "increased intra-training memory consumption") and Fig. 7 read it and as
-Tables 3-4 list it (1.41 to 1.66); Sec. 4.1.2 writes the quotient the other way. Inference (Table 6):
-``SU = Σ ops * 32 / Σ ops * sp * WL`` and ``SZ = sz_ours / (32 |L|)``, the model-size fraction the
-table lists (0.36 to 0.60); ``SZ`` beside ``MEM`` is Sec. 4.1.2's training-side ratio, float32's size over
-ours (``32 |L| / sz``). As the paper says, sizes and memory ignore tensor dimensions: they are
-relative measures between identical architectures only.
-
-Two more departures from the reference's figures: its memory code computes ``1 + 2 Σ_i sz_i / Σ_i 32 |L|``
-(``mem_own``), while every published MEM (Tables 3-4) fits ``1 + Σ_i sz_i / Σ_i 32 |L|``, the reading qtrain
-follows (memory above); and its MEM, SZ and inference SU run over every entry its logger keeps (batch-norm
-weights, pooling and, in AlexNet, biases, at their logged word lengths), qtrain's over the quantized
-Conv2d/Linear weights only (the sparsity above is the one figure taken over every tensor).
+The formulas, their fit to the published tables and every departure from the paper and the reference
+code (lorenz0890/AdaPT): docs/cost.md.
 """
 
 from __future__ import annotations

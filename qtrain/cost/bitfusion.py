@@ -1,32 +1,11 @@
 """BitFusion (Sharma et al., ISCA 2018), the accelerator behind FracTrain's energy and latency columns.
 
-Figures from the authors' simulator, github.com/hsharma35/bitfusion (commit 04ec1c8), default
-``conf.ini``: an 8 x 8 array of fusion units at 500 MHz; weight, input and output buffers of 256,
-64 and 16 KiB; 2-bit BitBricks, 8 bits at most; a DRAM interface of 128 bits per cycle.
-
-- Fusion rule (``Accelerator.get_perf_factor``): an 8-bit fusion unit does
-  ``floor(8 / max(b_a, 2)) * floor(8 / max(b_w, 2))`` MACs per cycle, so 3 bits cost like 4 and 5-7
-  like 8. The simulator cannot run wider operands (its factor becomes 0); here an operand of b > 8
-  bits is ``ceil(b / 8)`` 8-bit passes (FracTrain's 12- and 16-bit gradients take 2; a float32
-  operand, priced as a 32-bit integer one for comparison only, takes 4). A 0-bit operand takes none.
-- Core energy: ``results/systolic_array_synth.csv``'s 4 x 4 array at 8/2 bits, 3,673,500 nW of
-  dynamic power at 500 MHz, scaled to 8 x 8 as the simulator does (x 4): 29.39 pJ per cycle.
-- SRAM energy per bit (``sram/cacti_sweep.csv``, 45 nm, CACTI's read or write energy per access over
-  the 32-bit word, as the simulator divides it): weight buffer read 0.1072 pJ (64 banks of 4 KiB),
-  input buffer read 0.1997 pJ (8 banks of 8 KiB), output buffer write 0.1137 pJ (8 banks of 2 KiB;
-  the sweep holds that bank only without a read-write port, which is the row used here).
-- DRAM: 15 pJ per bit (``Stats.get_energy``'s ``dram_cost``).
-
-Model (simpler than the simulator's tiling search, and stated so): per GEMM, compute cycles are the
-MACs over 64 fusion units at the fusion rule's rate; each operand element crosses DRAM and its
-buffer once at its bit-width (the input-side operand through the input buffer, the weight-side one
-through the weight buffer) and each output element that is computed is written once at 32 bits
-(partial sums are 32-bit in the simulator); the GEMM takes the longer of its compute cycles and its DRAM transfer at
-128 bits per cycle, as the simulator's memory stall does. Energy is the core's per-cycle energy over
-the compute cycles plus the buffer and DRAM traffic; leakage is left out, as in the simulator.
-Where a share of a GEMM's work is skipped (a 0-bit block or option), that share moves no operand
-and writes no output: the traffic scales with the share done, the finer pattern of which elements
-a skipped block would still have read is not modelled.
+Figures from the authors' simulator (hsharma35/bitfusion, commit 04ec1c8, default ``conf.ini``): 8 x 8
+fusion units at 500 MHz, 256/64/16 KiB buffers, a DRAM interface of 128 bits per cycle. An 8-bit unit
+does ``floor(8 / max(b_a, 2)) * floor(8 / max(b_w, 2))`` MACs per cycle, wider operands in 8-bit passes;
+29.39 pJ per cycle, CACTI's buffer energies per bit and 15 pJ per DRAM bit, each operand moved once per
+GEMM; a GEMM takes the longer of its compute and its DRAM transfer. The sources of each figure and
+where the model is simpler than the simulator: docs/cost.md.
 """
 
 from __future__ import annotations

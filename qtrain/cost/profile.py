@@ -1,14 +1,10 @@
 """Per-layer multiply-accumulate counts of a model, from one forward pass (FracTrain's computational cost).
 
-MACs are counted analytically from the shapes a forward hook sees: a convolution does
-``C_in/groups * k_h * k_w`` MACs per output element, a linear layer ``in_features``, an LSTM cell
-(DFQ's gates) ``4 * (input_size + hidden_size)`` per hidden unit, a :class:`~qtrain.quant.layers.MatMul`
-``a @ b`` the shared dimension ``a.shape[-1]``. A Transformer's QK^T and attention x V so cost
-``T^2 * d_model`` each per sequence of ``T`` tokens: causal masking comes after the GEMM, which
-computes every score. A layer called several times in one forward (a gate cell shared across blocks)
-is counted at every call. This counts the forward GEMM; the two backward GEMMs have the same count.
-:func:`operand_sizes` counts the elements of each layer's weight, input and output from the same
-forward (what the hardware models move through memory).
+MACs are counted analytically from the shapes a forward hook sees (convolutions, linear layers, DFQ's
+LSTM gate cell, a :class:`~qtrain.quant.layers.MatMul`'s shared dimension), a layer called several times
+in one forward at every call. This counts the forward GEMM; the two backward GEMMs have the same count.
+:func:`operand_sizes` counts the elements of each layer's weight, input and output from the same forward
+(what the hardware models move through memory). The counting rules: docs/cost.md.
 """
 
 from __future__ import annotations

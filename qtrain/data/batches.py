@@ -1,14 +1,10 @@
 """Tensor-resident image data and its batch stream.
 
-Images stay a uint8 tensor on the training device; each batch is gathered, padded, randomly
-cropped and flipped as whole-batch tensor operations, then normalized. No per-sample Python in the
-hot loop. The order and the augmentation of an epoch depend only on (seed, epoch), so a resumed
-run sees exactly the batches an uninterrupted one would have.
-
-On several processes (:mod:`qtrain.distributed`) ``batch_size`` stays the global batch: every rank
-draws the same order and augmentation and takes its own contiguous slice of each batch (sizes differ
-by at most one where a batch does not split evenly), so the ranks together see exactly the samples of
-a one-process run.
+Images stay a uint8 tensor on the training device; each batch is gathered, padded, randomly cropped and
+flipped as whole-batch tensor operations, then normalized. The order and the augmentation of an epoch
+depend only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would have.
+On several processes ``batch_size`` stays the global batch and every rank takes its own contiguous slice
+of each batch, so the ranks together see exactly the samples of a one-process run.
 """
 
 from __future__ import annotations

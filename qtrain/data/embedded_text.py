@@ -1,15 +1,9 @@
 """The embedded text corpus (``data=text``): Python's own documentation, so a language model trains with no download.
 
-The standard library's ``pydoc_data.topics`` holds the text of ``help()``'s topics (79 topics, about 465 KB of
-English prose and grammar on Python 3.11). Each line is tokenized into words and punctuation as in WikiText
-(``\\w+|[^\\w\\s]``, joined by single spaces; blank lines stay blank), the topics one after another as they come.
-A topic goes whole to one split: in the sorted order of their names, each to the split furthest below its share
-(90/5/5) of the tokens written so far, which gives about 90/5/5 of the tokens (topics differ in length by a
-factor of a hundred, so a count of topics would not).
-
-At first use the splits are written as ``pydoc.{train,valid,test}.txt`` into :func:`cache_dir` ``/python-<version>``
-(the topics change between Python releases), each atomically: a temporary file renamed over the name, so two runs
-that start at once both write the same complete files. Later runs find the three files and read them from there.
+The standard library's ``pydoc_data.topics`` (``help()``'s topics), tokenized into words and punctuation as
+in WikiText, each topic whole to one split of about 90/5/5 of the tokens. At first use the splits are
+written atomically as ``pydoc.{train,valid,test}.txt`` into :func:`cache_dir` ``/python-<version>``; later
+runs read them from there. See docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Image folders on disk (ImageNet's layout), decoded and augmented by torchvision's DataLoader path.
 
-``data.root`` holds ``train/<class>/<image>`` and ``val/<class>/<image>``, any image type torchvision's
-``ImageFolder`` reads. The classes are the sub-folders of ``train/`` in sorted order (labels 0, 1, ...);
-``val/`` must hold the same ones. Images are read from disk in ``data.workers`` DataLoader worker processes
-(0: in the training process) under torchvision's standard transforms: for training ``RandomResizedCrop``
-and a random horizontal flip, for evaluation a resize to ``image_size * 256 / 224`` and a centre crop, both
-normalized by ``data.mean`` and ``data.std``.
-
-Reproducible like :class:`~qtrain.data.batches.BatchStream`: the order of an epoch and one random seed per
-sample come from the generator of (seed, epoch), which also seeds the workers. Each image is transformed under
-its own seed, so the batches do not depend on the worker count, on which worker decodes which image, or on
-the ranks: each rank loads only its slice of every global batch.
+``data.root`` holds ``train/<class>/<image>`` and ``val/<class>/<image>``; images are read in
+``data.workers`` DataLoader processes under torchvision's standard transforms. Reproducible like
+:class:`~qtrain.data.batches.BatchStream`: the order of an epoch and one random seed per sample come from
+(seed, epoch), so the batches do not depend on the worker count or the ranks, and each rank loads only its
+slice of every global batch. See docs/data.md.
 """
 
 from __future__ import annotations

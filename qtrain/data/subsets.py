@@ -1,29 +1,12 @@
 """Parts of a dataset: FracTrain's halves (``data.subset``), fixed-size samples (``data.sample``) and
 cross-validation folds (``data.fold`` of ``data.folds``).
 
-Halves, for FracTrain's adaptation and fine-tuning settings (FracTrain Sec. 4.5, appendix E):
-
-- ``by: classes``: part 0 holds the first half of the classes, part 1 the rest, in both the training
-  and the test split, relabelled from 0 (adaptation: pre-train on one half, retrain on the other).
-- ``by: samples``: the training split is halved within every class (a fixed random half, the same
-  for every run); the test split stays whole (fine-tuning: pre-train on one half, retrain on the other).
-
-A sample (``{train: N, test: M}``, taken after the halves) keeps N training and M test images, class-balanced:
-each class gets N // classes of them and the first N % classes classes one more (a class with fewer
-keeps all it has). The images are a fixed random choice, the same for every run, like the sample halves.
-
-A fold (AdaPT's protocol, AdaPT paper Sec. 4.1.1 and lorenz0890/AdaPT, ``utils/cv.py``: 10 stratified folds,
-the best fold's test accuracy reported) cuts the training split, after the halves and the sample, into
-``folds`` parts, every class spread evenly over them (a fixed random order per class, the same for every run;
-parts differ by at most one sample per class); fold ``i`` trains on every part but part ``i``. The parts are
-disjoint and together make the whole split. The test split stays whole: each fold is evaluated on it, and
-``qtrain-report --aggregate best`` picks the best fold. ``fold: null`` (the default) trains on the whole
-split. The reference draws its folds afresh on every run (``StratifiedKFold(shuffle=True)``, no seed) and
-validates on the held-out part during training; qtrain does not use the held-out part.
-
-The choice is made on a split's labels alone (the indices it keeps, in their order), so images in memory
-(:class:`~qtrain.data.batches.ImageSplit`) and image files on disk (:class:`~qtrain.data.folder.FileSplit`)
-are cut alike: each split kind only takes the rows at those indices.
+Halves by classes or by samples (FracTrain Sec. 4.5, appendix E), a class-balanced sample of N training and
+M test images, and AdaPT's stratified folds (AdaPT paper Sec. 4.1.1), each a fixed random choice, the same
+for every run. The choice is made on a split's labels alone (the indices it keeps, in their order), so
+images in memory (:class:`~qtrain.data.batches.ImageSplit`) and image files on disk
+(:class:`~qtrain.data.folder.FileSplit`) are cut alike. The rules and the departure from AdaPT's
+reference code: docs/data.md.
 """
 
 from __future__ import annotations

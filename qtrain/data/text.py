@@ -1,21 +1,11 @@
 """Text corpora for language modelling: token ids of word- or character-level corpora, and their batch stream.
 
-A corpus is three files under ``data.root``, read as UTF-8, in one of the namings corpora usually carry:
-``wiki.{train,valid,test}.tokens`` (WikiText-2/-103), ``{train,valid,test}.txt`` or ``<name>.{train,valid,test}.txt``
-(PTB's ``ptb.train.txt``). Exactly one naming must be complete: none or two is a :class:`~qtrain.errors.DataError`.
-
-Tokens follow PyTorch's word_language_model example: every line (universal newlines) ends in ``<eos>``; at
-``level: word`` the line is split on whitespace, at ``level: char`` each of its characters (spaces included) is a
-token. An empty line is therefore a lone ``<eos>``, as in that example (WikiText's blank lines between paragraphs
-and headings stay in the stream).
-
-The vocabulary is the training split's alone: ``<unk>`` (id 0) and ``<eos>`` (id 1), then every training token
-seen at least ``min_count`` times, in the order of first appearance. Every other token maps to ``<unk>``: rarer
-training words, valid and test words the training split lacks, and WikiText's own ``<unk>`` tokens.
-
-``data.sample: {train: N, test: M}`` keeps the first N training and the first M test tokens (a split left out
-stays whole); the vocabulary (the model's outputs) stays that of the whole training split, as a sample of
-images keeps every class.
+A corpus is three UTF-8 files under ``data.root`` in one of the namings corpora usually carry (WikiText's
+``wiki.{train,valid,test}.tokens``, ``{train,valid,test}.txt``, ``<name>.{train,valid,test}.txt``); exactly
+one naming must be complete. Tokens follow PyTorch's word_language_model example (every line ends in
+``<eos>``; ``level: word`` or ``char``); the vocabulary is the training split's tokens seen ``min_count``
+times or more, every other token ``<unk>``. ``data.sample`` keeps the first N training and M test tokens.
+See docs/data.md.
 """
 
 from __future__ import annotations

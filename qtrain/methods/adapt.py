@@ -1,97 +1,14 @@
 """AdaPT: adaptive precision training (Kummer et al., AdaPT paper Sec. 3, Algorithms 1-4, Sec. 4.1).
 
-Every Conv2d/Linear computes on fixed point <WL, FL> of its own (Sec. 3.2), weights and activations
-(the layer's input) at the same format, stochastic rounding, from float32 master weights. Every
-layer starts at <8, 4> (Sec. 4.1.1), its weights drawn by truncated-normal fan-in variance scaling
-(Sec. 3.1: ``σ = sqrt(s / n)``, cut at ``±sqrt(3 s / n)``, ``init_scale`` s).
+Every Conv2d/Linear computes on fixed point <WL, FL> of its own, weights and activations at the same
+format, stochastic rounding, from float32 master weights, starting at <8, 4>. Once per optimizer step
+the gradients are rounded at their layer's format and normalized, and each layer whose lookback window
+is full switches: PushDown then PushUp (:mod:`qtrain.methods.adapt_switching`). The loss adds L1 on the
+rounded weights and the word-length penalty; summary.json gets the performance model of Sec. 4.1.2
+(:mod:`qtrain.methods.priced`, :mod:`qtrain.cost.adapt_model`).
 
-Gradients (``grad: quantized``, Algorithm 1 and Sec. 3.4, the reference's ``QUANT_GRADS = True``): once
-per optimizer step, after accumulation, each covered parameter's gradient is rounded stochastically
-at its layer's <WL, FL> (clamped to its range), then scaled to unit L2 norm (``normalize_grads``,
-Sec. 3.3); that is what the optimizer applies and what the lookback window collects. As in the
-reference code (lorenz0890/AdaPT, optimizers/msgd_fp.py) only the parameter gradients are rounded,
-the weight-gradient GEMM's output: the error path (the gradient w.r.t. each layer's input) stays
-float32. The precision record therefore charges the forward GEMM at WL x WL and the error and
-weight-gradient GEMMs at float32 error x WL: their operands are the float32 output gradient and the
-WL-bit weight or activation, and rounding the weight-gradient GEMM's result afterwards changes none
-of its operands (``grad: float32`` is charged the same).
-
-Precision switching (Algorithm 2), once per optimizer step, before the update: the strategy adapts
-to the loss (eq. 5); each layer's normalized weight gradient joins its lookback window, and the
-lookback and resolution adapt; a layer whose window holds ``lookback`` gradients switches:
-:func:`~qtrain.methods.adapt_switching.pushdown` finds the coarsest format with no information loss
-(Algorithm 3), :func:`~qtrain.methods.adapt_switching.pushup` raises it by the window's gradient
-diversity (eqs. 3-4) and frames it with ``buffer_bits``; the window then starts over. Loss (Sec. 3.4):
-``L + α ||W||_1 + β/2 ||W||²_2 + P``, with the L1 term on the rounded copies the forward used (its
-gradient ``α sign(Ŵ)``, zero where a weight rounded to 0) and ``P`` the mean over the covered
-parameters of ``WL / 32 * density`` (a constant per step: it moves the loss the strategy reads, not
-the gradient). Reduce-on-plateau and gradient accumulation come from the run (``sched=plateau``,
-``train.accum_steps``); the ``adapt_*`` experiments set the reference configs'.
-
-precision.csv adds each layer's ``wl``, ``fl``, lookback, resolution and density to its epoch rows
-and a ``switch`` row at every switch (with the PushDown minimum, the diversity and the strategy).
-summary.json (``adapt``) holds the final formats, the number of switches and the seconds they took,
-and the performance model of Sec. 4.1.2 (:mod:`qtrain.cost.adapt_model`).
-
-Where the default follows the reference code rather than the paper (the paper reading stays an option):
-- PushDown (``pushdown_search: reference``) is the reference's walk: on the first output filter of
-  the float32 weights only, FL searched from 4 up to the current FL (asking at the walk's lower bound),
-  WL from that FL up to the current WL, a format lossy where torch's ``KLDivLoss`` of the two
-  histograms (frequencies read as log-probabilities, not a divergence) is > 0, and the last lossy
-  bound returned, so a switch lowers FL and WL by at most a bit before PushUp and practically never
-  lowers precision. ``range`` (Sec. 3.3 and eq. 6: the smallest format of all whose discrete KL
-  divergence over the whole tensor is <= ``kl_epsilon`` bits, so a lossy format can rise at once) and
-  ``current`` (the same at or below the current format, as Algorithm 3) are options; ``kl_epsilon``
-  tolerates 1e-3 bits by default because a histogram of stochastically rounded weights almost never
-  reaches the paper's KL = 0, and quantized values beyond the float range count in the end bins there
-  (clipping is a loss), where the reference drops them.
-- PushUp (``pushup: reference``) is the reference's closed form of eq. 4 with ``L = ln Δs - 1``; its
-  ``s1 = ceil(1 / L²)`` has no bound, so near ``ln Δs = 1`` a ``mean`` or ``max`` strategy sends a
-  layer to <32, 32 - buff>, as the reference's logged runs show. ``paper`` reads eq. 4 as printed
-  (:func:`~qtrain.methods.adapt_switching.increase`, ``s1`` capped at 32). The diversity is eq. 3
-  unsquared, ``Σ||g_k|| / ||Σ g_k||`` in the paper's reading and ``k / ||Σ g_k||`` in the reference's;
-  on the window's unit gradients they differ only where a gradient is zero (the reference counts it).
-- ``params: all``: rounding, normalization, L1, L2 and the penalty cover every parameter (biases and
-  batch norm included) as in the reference; ``weights`` limits them to the Conv2d/Linear weights. A
-  parameter outside the quantized layers (batch norm) takes the format of the last quantized layer
-  before it in parameter order, as the reference's parameter list does; one before the first
-  quantized layer keeps a float32 gradient and is left out of the penalty.
-- L2 is the optimizer's weight decay (``optim.weight_decay``), added to the normalized gradient on the
-  float32 master weights, as the reference's optimizer does; ``l2`` (default 0) is the paper's
-  ``β/2 ||W||²`` in the loss, which normalization would rescale with the gradient.
-- The ``adapt_*`` experiments take the lookback of each reference config (momentum 0.33 for AlexNet on
-  CIFAR-10, 0.9 for AlexNet and ResNet on CIFAR-100, 1.0 for ResNet on CIFAR-10; an upper bound of 150
-  for AlexNet on CIFAR-100); Sec. 4.1.1 gives 0.33 and 25..100 for every run (the method's default).
-
-Where qtrain departs from both, and why:
-- Activations are quantized where they enter a Conv2d/Linear; the reference also quantizes layer
-  outputs, batch-norm and pooling tensors. Biases and batch-norm parameters compute in float32 here
-  (the reference rounds them at their layer's format after every update), so their L1 term acts on
-  their float32 values; their gradients are rounded as the reference's. Biases keep the model's
-  initialization (the reference draws them from U(-1/sqrt(in_channels), ...) in AlexNet and
-  U(-0.5, 0.5), batch norm's too, in ResNet): a model-specific rule of its code, not of the method.
-- Weights are rounded at every forward (a fresh stochastic draw per micro-batch and at evaluation);
-  the reference rounds them once per optimizer step, after the update, and every micro-batch of the
-  step and the evaluation use that copy.
-- The strategy (eq. 5) compares the mean loss of the step's micro-batches with the mean of the last
-  ``lb_avg`` steps' losses. The reference compares the last micro-batch's loss (divided by the
-  accumulation steps) with the sum of up to ``lb_avg + 1`` earlier losses divided by ``lb_avg`` (its
-  history is trimmed after the comparison), an off-by-one that favours ``min`` a little.
-- A Transformer's attention products QK^T and attention x V (two activations, no weight) stay
-  float32 and are charged so: a layer's format follows from its weights (Sec. 3.2), and these have
-  none (the paper trains CNNs only).
-- The penalty ``P`` has no gradient (word length and density are counts): it shifts the loss the
-  strategy compares, as the reference's, and does not by itself steer the weights.
-- Each layer's activations take the layer's own format. The reference's AlexNet (models/alexnet_fp.py,
-  ``QAlexNet_FP.forward``) looks the format up by the layer's number in its per-parameter list (a bias
-  and a weight per layer), so layer k >= 1 runs its activations at layer ⌊k/2⌋'s format: a bug of its
-  code, not the method.
-- Reduce-on-plateau (``sched=plateau``) reads the test loss at each epoch's end; the reference's reads
-  its validation loss, that of the held-out cross-validation fold.
-- SU2 (Table 3's iso-accuracy speedup, :mod:`qtrain.report.paper`) divides SU1 by the share of the run's
-  epochs until its test accuracy, read per epoch, first reaches the final test accuracy of qtrain's own
-  float32 run of the same setup. The reference (utils/analytics.py) tests a fixed ``TARGET_ACCURACY``
-  from its config against the held-out fold's accuracy logged per validation batch.
+Defaults follow the reference code (lorenz0890/AdaPT) where it and the paper differ; each such choice
+and every departure from both, with its reason: docs/methods/adapt.md.
 """
 
 from __future__ import annotations

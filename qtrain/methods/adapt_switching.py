@@ -1,15 +1,10 @@
 """AdaPT's precision switching (AdaPT paper Sec. 3.3, Algorithms 2-4; lorenz0890/AdaPT, optimizers/msgd_fp.py).
 
 Pure functions and one small state class, so each rule can be checked on its own:
-
-- :func:`pushdown`: the coarsest <WL, FL> whose quantized weights lose no information by a KL of their
-  histograms at the layer's resolution (eqs. 1-2, Algorithm 3): the reference code's search and loss
-  (lorenz0890/AdaPT, optimizers/msgd_fp.py), or a divergence over the whole range or at or below the
-  current format;
-- :func:`pushup`: the precision increase suggested by the gradient diversity of the lookback window
-  (eqs. 3-4), and the buffer bits that frame the fixed-point range;
-- :func:`adapt_strategy`, :func:`adapt_lookback`, :func:`adapt_resolution`: eq. 5 and the lookback
-  and resolution rules.
+:func:`pushdown` (the coarsest lossless <WL, FL>, eqs. 1-2, Algorithm 3), :func:`pushup` (the increase
+from the lookback window's gradient diversity, eqs. 3-4, and the buffer bits), :func:`adapt_strategy`,
+:func:`adapt_lookback` and :func:`adapt_resolution` (eq. 5 and the lookback and resolution rules).
+The readings of the paper and the reference: docs/methods/adapt.md.
 """
 
 from __future__ import annotations

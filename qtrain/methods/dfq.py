@@ -1,79 +1,12 @@
 """DFQ: dynamic fractional quantization (FracTrain Sec. 3.2, Eq. (1)-(2); appendix F).
 
-Every residual block of the model sits behind a gate (:mod:`qtrain.methods.gates`) that picks, per
-input sample, one of the precision options FW-a/BW-g (the first may be FW-0/BW-0: skip the block).
-As the paper says (Sec. 3.2: DFQ adapts "the precision of different layers' activations and
-gradients") and the reference code does, an option sets the activation bits (FW) and the gradient
-bits (BW, both backward GEMMs) of every convolution in the block; weights stay at one precision,
-``weight_bits`` (the model config's ``dfq_weight_bits`` where it has one, else 4: the reference's
-``--weight_bits`` in its CIFAR commands; 6 for ResNet-18/34, its ImageNet command). All samples that run
-a layer share its quantized weight, one GEMM and one activation/gradient range, each sample rounded
-at its own option's bits. Depthwise convolutions are held at ``depthwise_bits`` (activations FW-8,
-gradients BW-16; weights at ``weight_bits``, as in the reference). Layers outside the blocks (the
-stem convolution, MobileNetV2's last 1x1 convolution, the classifier) run in float32 as in the
-reference (``outside: null``), or at ``outside: {fw, bw}`` (weights, as everywhere, at ``weight_bits``).
-The gates run in float32. Activation
-ranges: the tensor's global min/max (the reference's ``reduce_type='extreme'``) with the running
-average the reference keeps for evaluation (``act_momentum``, its weight on the old value). The
-reference runs a block once per run option, so its block layers update their running range and their
-batch norms' running statistics K times a step (K run options, nearly the same batch each time);
-``per_sample`` runs them once and weighs the old value ``act_momentum ** K`` (batch norm: ``(1 - momentum) ** K``),
-the same per-step decay (``mix_all`` runs K times at the configured momenta; the one extra batch-norm update
-the reference's skip path gives a downsampling block's projection is not reproduced). Under ``per_sample`` a
-block runs once over the whole batch in training (a sample that skips it at its most probable run option, its
-output discarded), so its batch-norm statistics and activation ranges are the whole batch's, as in the
-reference, where every option runs on the whole batch. Its gradient range is one for the whole batch, each
-sample rounded at its own option's bits; the reference (and ``mix_all``) quantizes each option's gradient
-over the whole batch, masked to the samples that chose it, with that option's own range.
+Every residual block sits behind a gate (:mod:`qtrain.methods.gates`) that picks, per input sample, one
+precision option FW-a/BW-g (FW-0/BW-0: skip the block): the activation and gradient bits of every
+convolution in the block; weights stay at ``weight_bits``, layers outside the blocks in float32. The
+training objective is ``CE + beta * cost`` with beta's sign steering the measured cp to ``target_cp``.
 
-Training objective ``CE + beta * cost`` (Eq. (2)). ``cost`` is the batch's summed cost, per sample and
-gated block, in the reference code's unit: per sample and block, the block's GEMM cost fractions times its
-weight over the mean block's weight, so the default ``beta = 1e-3`` exerts the reference's pressure. A block's
-weight (``cp_weights``) is one for every block (``blocks``, default: the reference's ResNets, whose
-``conv_info`` defaults to ones in train_dfq.py and train_frac.py) or its MACs (``macs``: the paper's cost,
-Sec. 3.2; the default for MobileNetV2 through its model config, whose blocks the reference's train_dfq.py
-weighs by FLOPs; train_frac.py does so only when given ``--conv_info``). Its sign follows the measured cp:
-+beta at or above the target, -beta below, so cp settles at the target (Algorithm 2, line 5); metrics.csv's
-``cost_term`` is the epoch's mean of the signed term. The controller's ``cp`` is in percent of float32 over
-``cp_scope``: ``blocks`` (the reference: the gated blocks' cost over their float32 cost, each block weighed as
-above; the float32 stem, classifier and gates are not counted) or ``model`` (the whole model, weighed by MACs,
-as the cost meter counts it). The cost meter always charges every layer, so ``percent_of_float32`` in the
-results is the whole model's: at ``cp_scope: blocks`` it is above cp by the float32 layers outside the blocks
-(summary.json ``float32_layers.share_of_cost``; ResNet-38's float32 stem is 0.5 % of its MACs but, at 16x an
-8-bit MAC's price, about a fifth of DFQ's whole-model cost at cp 3 %), which the reference's tables leave out.
-
-A sample that skips a shape-changing block runs its projection shortcut in float32 (SkipNet, and the
-reference's ``ds(prev, 0, 0)``; ``skip_downsample: projection``). The reference's controller charges such a
-skip nothing (``skip_charge: none``, default); ``skip_charge: projection`` makes the controller's cp and cost
-term charge the float32 projection it runs (the cost meter and ``percent_of_float32`` always do).
-``skip_downsample: never`` masks the skip option of those blocks out. Departures from the reference code: its
-CIFAR code runs every option on every sample and mixes the block outputs (``execution: mix_all`` here, K times
-the work, that code's exact gate gradient); ``per_sample`` (default) runs a block once over the batch, each
-sample at one option, and gives the gates an estimate of that gradient (:mod:`qtrain.methods.gates`) in which
-every run option's output is the one that ran, so among run options the gates learn from the cost term alone
-(the reference's outputs differ by their quantization, a small task gradient): with an option set without a
-skip (ResNet-74's Table 3 set, Table 6's, the ImageNet one) only ``mix_all`` lets the task steer the choice.
-The reference's ImageNet code (``fractrain_imagenet/modules/quantize.py``) works differently from both: each
-convolution mixes its input quantized at every option's bits in one GEMM, so the gates get a gradient at every
-convolution; neither execution here reproduces that. Option sets: the
-model configs' ``dfq_options`` are appendix F's, which it gives for Fig. 5 (ResNet-38/74: skip, 2/6, 3/6, 4/6,
-4/12, 6/8, 6/12; MobileNetV2: skip, 4/8, 6/8, 6/10, 8/8); FW-0/BW-0 means a skip. The reference's released
-CIFAR scripts (train_dfq.py, train_frac.py) hard-code 3/6, 4/6, 4/8, 6/8, 6/12 without a skip, and its Table 3
-logs (an earlier copy of the repository, Tubbz-alt/FracTrain, fractrain_cifar/visualization/
-learning_curve_dyn/learning_curve/train_logs_resnet*_cr3_w4.txt: the logged cp per GEMM fitted against the
-logged option shares) show skip, 4/6, 6/8, 6/12, 8/16 for ResNet-38 and, without a skip, 3/6, 4/6, 6/8, ?,
-8/16 for ResNet-74 (the fourth is never chosen in the logs; qtrain fills it with 6/12, which sits there in
-ResNet-38's set). The paper-table experiments (fractrain_table3, Table 5's fractrain_adapt/fractrain_finetune)
-take a model config's ``dfq_table3_options`` (ResNet-38, ResNet-74) and the released scripts' set for any
-other model. (The reference's MobileNetV2 has no skip path: a 0-bit option would run the block in float32.)
-For ResNet-18/34 the paper gives no options; the model configs take the reference's ImageNet ones
-(``fractrain_imagenet/train_frac.py``: FW 3/4/6/8 paired with BW 6/8/12/16, no skip). That code runs the
-projection shortcuts of its ImageNet ResNets in float32 (plain ``nn.Conv2d``), outside cp: so does qtrain where
-``projection: float32`` (the ResNet-18/34 model configs' ``dfq_projection``), the cost meter charging them at
-float32 for every sample; ``projection: quantized`` (every other model's) quantizes them at the sample's
-option, as every convolution of a gated block and as the reference's CIFAR code. The reference charges MobileNetV2's depthwise
-convolutions as a constant at 8-bit weights and adds that quantized cost to cp's denominator; qtrain charges
-them inside their block, at ``weight_bits`` weights, only when the block runs, against their float32 cost.
+The cost unit, cp's scope, the option sets, the two executions and every departure from the paper and
+the reference code (GATECH-EIC/FracTrain): docs/methods/dfq.md.
 """
 
 from __future__ import annotations

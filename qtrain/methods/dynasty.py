@@ -1,73 +1,13 @@
-"""DYNASTY: block-wise dynamic-precision training (the DYNASTY paper). No public code exists.
+"""DYNASTY: block-wise dynamic-precision training (the DYNASTY paper, Sec. 3.1-3.3). No public code exists.
 
-Sec. 3.1 (framework): every Conv2d/Linear trains on block floating point, 4 x 4 blocks with one
-shared exponent (:mod:`qtrain.quant.block_maps`): C_out x C_in for weights, batch x C_in for
-activations and batch x C_out for ``grad_output``, at each spatial position of a Conv2d and at each
-token of a Linear's (batch, tokens, C) input, tokens taking the place of spatial positions (the tiled
-dimensions are chosen per layer in :meth:`Dynasty.prepare`). In each of the three GEMMs one operand has
-static 8-bit mantissas and the other 0-8 bits per block from its bit-width map; a 0-bit block is skipped.
-Which operand is mapped (``act_map: weight_gradient``, the default): the weight in the forward and error
-GEMMs, the activation in the weight-gradient GEMM; ``grad_output`` is always the static one. The paper
-names the mapped operand of no stage; this follows from it: sensitivity (eq. 1 and the sentence after
-it) exists for weights and activations, whose gradients the training computes, and not for
-``grad_output``; and the weight is the bit-serial operand of UNPU, the accelerator DYNASTY extends
-(1-16-bit weights), so every GEMM keeps one serial operand. Eq. 1 measures the loss noise of a
-forward-pass quantization, which the weight map causes; under this default the activation map acts in
-the weight-gradient GEMM only, where eq. 1 (with the gradient w.r.t. the activation, as the paper says)
-ranks its blocks as the paper does, but is not that GEMM's own noise. ``act_map: forward`` is the
-reading in which eq. 1's activation term is the noise it measures: the activation is quantized by its
-map once and that one tensor enters the forward GEMM (against the mapped weight) and the weight-gradient
-GEMM (against the 8-bit ``grad_output``); an activation block's T_i then counts both GEMMs. A forward
-without gradients (evaluation) takes activations at 8 bits under either reading: the map covers the rows
-of a training batch. A b-bit mantissa includes its sign (2 bits: -1, 0, 1 times the block's step), as
-QPyTorch's block floating point counts it.
+Every Conv2d/Linear trains on 4 x 4-block floating point (:mod:`qtrain.quant.block_maps`): in each of the
+three GEMMs one operand has static 8-bit mantissas and the other 0-8 bits per block from its bit-width
+map. Every backward adds each block's eq. 1 sensitivity; at each epoch's end the maps are regenerated
+(:mod:`qtrain.methods.dynasty_map`) to hold the computation-weighted average at ``target_bits``. The first
+epoch runs every block at 4 bits.
 
-Sec. 3.2 (Relative Quantization Sensitivity Analytics): every backward adds eq. 1,
-``S_i = (2^e_i)^2/16 * sum_j g_ij^2``, of each weight block (g: its weight gradient) and each
-activation block (g: the gradient w.r.t. the layer's input) to accumulators that sum over the epoch.
-
-Sec. 3.3 (Adaptive Bit-Width Map Generator; :mod:`qtrain.methods.dynasty_map`), at each epoch's end:
-``r_i = 1/2 log2(S_i/T_i)`` (eq. 3b), one global lambda for every block of every layer and operand by
-Algorithm 1 (from ``lambda^ = mean(r) - alpha`` after the first epoch, from the last lambda after
-that), ``b_i = clip(r_i - lambda, 0, beta)`` (eq. 3a), temporal smoothing with gamma = 0.5 (eq. 4),
-rounding to {0, 2, 4, 6, 8}. The first epoch runs every block at 4 bits. T_i, a block's computation,
-is the MACs its elements take part in as the mapped operand per step (:meth:`Dynasty.computation`);
-the average bit-width that Algorithm 1 holds at ``target_bits`` (alpha, eq. 2b) is weighted by it
-(``average: macs``; ``blocks``: Algorithm 1's printed plain mean, see :mod:`qtrain.methods.dynasty_map`),
-and so are the shares the cost meter charges and the ``average_bits`` the run reports, under either.
-
-Where this departs from the paper or fills a gap it leaves:
-
-- A Transformer's attention products QK^T and attention x V (two activations, no weight) stay
-  float32 and are charged so: the paper maps the weight in the forward and error GEMMs, and these
-  have none (it trains CNNs only). Their Linear layers are mapped like any other, tokens taking the
-  place of spatial positions: blocks of 4 sequences x 4 channels at each token.
-
-- Rounding modes are not in the paper: weights and activations round to nearest (half to even),
-  gradients stochastically (``*_rounding``).
-- Smoothing starts with the first map computed from sensitivities: the first epoch's 4 bits are a
-  placeholder (Sec. 3.3.2: "when we have not got the value of lambda^"), and averaging with them
-  would hold the second epoch's map halfway between 4 bits and the first computed one (at alpha = 2,
-  an average of 3 bits). From then on Algorithm 1 holds the new map at alpha and eq. 4
-  keeps the smoothed one there.
-- Eq. 4's ``b_last`` is the previous smoothed map before rounding (the rounding is for the hardware);
-  smoothing the rounded map would add each epoch's rounding error to the next.
-- Sensitivities are summed per micro-batch (the gradients of the loss that the micro-batch's backward
-  divides by the accumulation steps), so weights and activations are measured alike.
-- An activation map covers one full batch (blocks of 4 samples x 4 channels at each spatial
-  position or token); a smaller last batch uses its first rows. The exponent is float32's (8 bits over the
-  normal range; blocks below 2^-126 keep the subnormal grid).
-- One lambda for every block of weights and activations together (Sec. 3.2.2: "a single hyperparameter");
-  the paper's Fig. 5 discussion follows the weights' and the activations' average widths apart, which
-  could also be read as a target per operand type: not offered.
-- Batch norm and the weight update stay float32, and weight gradients are not quantized: the paper's
-  footnote 1 divides "weight and weight gradients" into blocks, but no GEMM takes the weight gradient
-  as an input, so its blocks would only store it; ``grad_output`` is the backward's static 8-bit operand.
-- ``act_map: forward`` puts two mapped operands into the forward GEMM (weight and activation), against
-  Sec. 3.1's one static 8-bit operand per GEMM; the bit-serial model (:mod:`qtrain.cost.bit_serial`)
-  prices such a GEMM with the narrower of the two as the serial operand, a bound a hardware with one
-  dynamic operand would not reach.
-- See :mod:`qtrain.methods.dynasty_map` for Algorithm 1's computation weighting and edge cases.
+Which operand is mapped, the rounding modes and every other gap the paper leaves or departure from it,
+each with its reason: docs/methods/dynasty.md.
 """
 
 from __future__ import annotations

@@ -2,27 +2,12 @@
 
 - :func:`relative_sensitivity`: eq. 3b, ``r_i = 1/2 log2(S_i / T_i)``;
 - :func:`bit_widths`: eq. 3a, ``b_i = max(0, min(r_i - lambda, beta))``;
-- :func:`first_lambda`: the estimate for the first map, ``lambda^ = mean(r) - alpha`` (Sec. 3.3.1: where no
-  bound is active, the average of ``r - lambda`` is alpha);
-- :func:`tune_lambda`: Algorithm 1, L steps of linear interpolation (regula falsi) from the last lambda
-  inside the bracket ``[min(r) - alpha, max(r) - alpha]``;
-- :func:`smooth` (eq. 4) and :func:`round_to_levels` ({0, 2, 4, 6, 8} in the paper; it does not say how
-  ties round: here half to even, so they do not bias the average).
+- :func:`first_lambda`: the estimate for the first map, ``lambda^ = mean(r) - alpha``;
+- :func:`tune_lambda`: Algorithm 1, L steps of regula falsi from the last lambda;
+- :func:`smooth` (eq. 4) and :func:`round_to_levels` ({0, 2, 4, 6, 8}, ties half to even);
+- :func:`average_weights`: the average Algorithm 1 holds (``average: macs`` or ``blocks``).
 
-Departures, each for a stated reason:
-
-- Which average Algorithm 1 and lambda^ hold at alpha (:func:`average_weights`, the method's ``average``):
-  ``macs`` (default) weighs each block by its computation T_i, the constraint of eq. 2b, where the paper
-  defines alpha as "the T_i weighted average of block bit-width b_i" (Sec. 3.2.1), the average that sets
-  the bit-serial time and the cost; ``blocks`` is Algorithm 1's literal plain mean (lines 5-7:
-  ``1/N sum_i``, and Sec. 3.3.1's lambda^ likewise), over the blocks that take part in a MAC (T_i > 0; a
-  block no GEMM reads has no bit-width to spend). The two agree only where every block costs the same;
-  the paper states the weighted constraint as the problem Algorithm 1 solves, so the default follows it.
-- Blocks with S_i = 0 (all zeros: no quantization noise, or a zero gradient) or T_i = 0 (no MAC) have
-  r_i = -inf: they get 0 bits and do not set the bracket, whose ends come from the finite r.
-- Algorithm 1 stops early where the interpolation has nothing to divide (``b`` equal to a bracket end's
-  average) and, where even the bracket's low end cannot reach the target (zero blocks carry more
-  than 1 - alpha/beta of the computation), returns that end (the most bits it can give).
+The weighted average, the edge cases and why: docs/methods/dynasty.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """float32: the plain baseline, same trainer and cost accounting (32/32/32 bits) as every method.
 
-Its options make AdaPT's float32 baselines (AdaPT paper Tables 1-4; lorenz0890/AdaPT, models/alexnet.py
-and models/resnet.py with the ``*_sgd_fl32_*`` configs): ``init: tnvs`` draws the Conv2d/Linear weights
-as AdaPT does (Sec. 3.1, ``init_scale`` s) and ``l1`` adds ``l1 * Σ|p|`` over every parameter to the loss,
-as the reference's float32 models do. Both are AdaPT's own (:func:`qtrain.methods.adapt.initialize`,
-:func:`qtrain.methods.adapt.l1_norm`); the defaults (``init: model``, ``l1: 0``) leave plain float32
-training unchanged. The reference's float32 L2 is the optimizer's weight decay (``optim.weight_decay``).
-Biases and batch norm keep the model's initialization, as in AdaPT runs (the reference's float32 models
-draw biases by a rule of their own code, as its AdaPT models do).
+Its options make AdaPT's float32 baselines (AdaPT paper Tables 1-4): ``init: tnvs`` draws the
+Conv2d/Linear weights as AdaPT does (Sec. 3.1) and ``l1`` adds ``l1 * Σ|p|`` over every parameter to
+the loss; the defaults (``init: model``, ``l1: 0``) leave plain float32 training unchanged.
+See docs/methods/float32.md.
 """
 
 from __future__ import annotations

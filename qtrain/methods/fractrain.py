@@ -1,17 +1,9 @@
 """FracTrain: DFQ whose cp target rises at PFQ's turning points (FracTrain Sec. 3.3, Algorithm 2; appendix G).
 
 Training runs DFQ (:mod:`qtrain.methods.dfq`) with the target cp of the current stage; the stage
-advances at the loss indicator's turning points (or after ``manual_epochs``), exactly as PFQ's
-precision stages do (:mod:`qtrain.methods.progressive`). The targets are ``cp_schedule``, e.g.
-1.5/2/2.5/3 %, or, with ``cp_total`` set, appendix G's rule: as many stages as ``cp_schedule`` has,
-rising by ``cp_step``, whose mean is ``cp_total`` (``cp_i = cp_total + (i - (M-1)/2) * cp_step``).
-
-Everything else is DFQ's, with the reference's ``train_frac.py`` defaults where they differ from its
-DFQ script: the running activation range weighs its old value 0.1 (``act_momentum``). The indicator
-reads, as the reference does (``train_frac.py`` sums ``loss.item()`` of ``loss_cls + computation_loss * reg``),
-the epoch's mean training objective: the task loss plus the signed cost term, whose sign flips with the
-controller (``indicator_loss: total``; metrics.csv ``train_objective``, the term alone ``cost_term``).
-Algorithm 2 says only "as in Algorithm 1", which reads the task loss: ``indicator_loss: task``.
+advances as PFQ's precision stages do (:mod:`qtrain.methods.progressive`). The targets are
+``cp_schedule`` or, with ``cp_total`` set, appendix G's rule (stages ``cp_step`` apart whose mean is
+``cp_total``). Defaults and departures: docs/methods/fractrain.md.
 """
 
 from __future__ import annotations

@@ -1,70 +1,13 @@
 """DFQ's gates and gated blocks (FracTrain Sec. 3.2, Eq. (1), Fig. 2; appendix F).
 
-Every gated block has its own light embedding of its input (global average pool, 1x1 conv to
-``width`` channels, ReLU, 1x1 conv to ``embed``; with ``width`` null, one 1x1 conv straight to ``embed``);
-one LSTM cell shared by all blocks carries its state from block to block within a forward pass (reset at
-each forward) and a shared linear layer maps it to one logit per precision option. The widths follow the
-reference code (GATECH-EIC/FracTrain, the model config's ``dfq_gate``): 32/16 with a 16-unit cell for the
-CIFAR ResNets and 64/32 with a 32-unit cell for MobileNetV2 (``fractrain_cifar/models.py``), one conv to 40
-with a 20-unit cell for ResNet-18/34 on ImageNet (``fractrain_imagenet/models.py``, ``ResNet_RNN``); and so
-does the initialization of the embedding convolutions and the projection (normal, standard
-deviation ``sqrt(2 / n)`` with ``n`` = kernel area x output channels, or inputs x outputs).
-The softmax's argmax picks each sample's option; the straight-through gate
-``g = onehot + (p - p.detach())`` is exactly 1 for the chosen option in the forward pass and passes
-the gradient to the probabilities.
+Every gated block has its own light embedding of its input; one LSTM cell shared by all blocks and a
+shared linear layer give one logit per precision option; the argmax picks each sample's option through
+a straight-through gate. ``execution: per_sample`` runs a block once over the whole batch, each sample
+at its option, and gives the gates an estimate of the reference's gradient; ``mix_all`` runs every
+option on every sample as the reference code does (K times the work). A shape-changing block skips
+through its float32 projection shortcut, or cannot be skipped.
 
-Execution (``execution``):
-- ``per_sample`` (default): in training the block runs once over the whole batch, each sample that runs
-  it at its option and each sample that skips it at its most probable run option: every quantized
-  layer of the block shares its weight, GEMM and quantization range over the batch and rounds each
-  sample's activation and gradient at that sample's option (:func:`~qtrain.quant.layers.set_sample_bits`).
-  Batch norm's batch statistics and the activation ranges are thus the whole batch's, as in the
-  reference, where every option runs on the whole batch (their running averages are updated once a
-  step, with the momenta DFQ sets to the reference's K updates' decay).
-  A sample's output is its option's (the block's output, or the skip's); the block's weights get task
-  gradient only from the samples that run it (a skipping sample's block output enters detached, as the
-  reference's gate, 0 in the forward pass, masks it), though batch statistics couple the rows as in any
-  batch norm. The simulation runs the block, forward and backward, for every sample: about the
-  reference's work for one option, not K. In evaluation (hard gates, running statistics and ranges,
-  each sample alone) only the samples that run the block run it. The gates learn from an estimate of
-  the reference's gradient, below. The cost charged is the chosen options' either way.
-- ``mix_all``: the reference code's way (GATECH-EIC/FracTrain, fractrain_cifar/models.py,
-  ``ResNetRecurrentGateSP.forward``), ``y = sum_k g_k * o_k`` with every option's output ``o_k`` run
-  on every sample (K times the work): the reference's exact gradient. The cost charged is the chosen
-  options', as in the reference.
-
-The gates' task gradient. With ``A_k = <dL/dy, o_k>`` (per sample), the reference's mixture gives the
-probabilities ``dL/dp_k = A_k`` and the logits ``dL/dz_j = p_j (A_j - sum_k p_k A_k)``: what is common
-to all options' ``A`` cancels, and a logit moves by how much its option's output would lower the loss
-against the average. Returning ``g_c * o_c`` for the chosen option ``c`` alone would give ``dL/dz_j =
-A_c p_j (delta_cj - p_c)``: no cancellation, so an option with a larger output (a run option's
-``relu(x + F(x))`` against a skip's ``x``) is pushed by its whole ``A``, about a hundred times the
-cost term's gradient at the default ``beta``, and the gates drift toward skipping. ``per_sample``
-therefore returns, with ``r = sum_{k runs} g_k``, ``y = r * o_c + g_skip * skip(x)`` for a sample that
-runs option ``c`` and ``y = g_skip * skip(x) + r * o_run`` for a sample that skips: the forward output
-is ``o_c`` or ``skip(x)`` as before (``r`` and ``g_skip`` are exactly 1 and 0, or 0 and 1), and the
-path not taken enters detached. ``skip(x)`` is the shortcut (``x`` itself, or the float32 projection
-over the whole batch's statistics); ``o_run``, for a skipped sample, is its row of the block's one pass
-over the whole batch, at its most probable run option. Every run option's ``A`` is taken as the one run
-output's, so the skip logit moves by ``p_skip (1 - p_skip) <dL/dy, skip(x) - o_run>`` on both sides, as
-in the reference; this is the reference's gradient exactly where all run options produce the same
-output (batch statistics included: both run the block over the whole batch), and otherwise differs by
-the run options' output differences. Both sides are needed:
-a loss's linearization at either end of the segment from ``skip(x)`` to ``o_run`` usually says to move
-toward the other end, so the running samples alone would drive the gates to skip (measured on a
-ResNet-20 CIFAR-10 miniature, 1,536 images, cp target 3, when ``per_sample`` still ran the block over the
-samples that take it alone: epochs 2-4 at cp 0.7-0.8 with the running samples' side alone, 2.2-2.5 with
-both; 2.7-2.9 under ``mix_all``, epochs 2-3). Without a skip option the task
-gives the gates no gradient here: the cost term (in DFQ's loss) alone moves them, and it reaches every
-option through the probabilities. The reference's run options' outputs differ by their quantization, so
-its ``A`` differ a little and the task steers the choice among them a little; ``mix_all`` keeps that.
-
-The skip option (FW-0/BW-0) passes a sample through unchanged where the block keeps the shape. A
-block that changes the shape skips through its projection shortcut in float32, as SkipNet and the
-reference code do (``skip_projection``), or, where it has none or that is turned off, cannot be
-skipped: its skip logit is masked out. In training, under either execution, that projection runs over
-the whole batch at every step, whether or not a sample skips, and updates its batch norm's running
-statistics, as the reference's skip path does (the block's own pass, whose shortcut it is, updates them too).
+The gradient estimate, the widths and every departure from the reference code: docs/methods/dfq.md.
 """
 
 from __future__ import annotations
@@ -185,7 +128,7 @@ class GatedBlock(nn.Module):
         if not gates.requires_grad:
             return torch.where(rows, out, skip)
         # forward: exactly out or skip(x); backward: the taken path's gates get its output's A, the other path's the
-        # other's (module docstring), and the block's weights learn from the samples that run it
+        # other's (docs/methods/dfq.md, "The gates' task gradient"), and the block's weights learn from the samples that run it
         return (torch.where(rows, out, out.detach()) * run_gates
                 + torch.where(rows, skip.detach(), skip) * gates[:, :1].view(shape))
 

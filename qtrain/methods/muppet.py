@@ -1,80 +1,13 @@
-"""MuPPET: multi-precision policy enforced training (Rajagopal et al., ICML 2020).
+"""MuPPET: multi-precision policy enforced training (Rajagopal et al., ICML 2020; AdaPT paper Sec. 2.2).
 
-As summarised in the AdaPT paper (Sec. 2.2), and as its reference code runs it. Every Conv2d/Linear computes
-on dynamic fixed point (:func:`qtrain.quant.formats.dynamic_fixed_point`): a word length ``WL``
-global to the network, and one power-of-two scale per tensor, recomputed from the tensor each time it
-is quantized (as the reference code does, every batch), separately for the weight, the activation
-(the layer's input) and, with ``grad: quantized``, the gradient w.r.t. the layer's output on both
-backward paths (the backward pass is fixed point too; below, where the reference quantizes it).
-Stochastic rounding; float32 master weights; batch norm in float32.
+Every Conv2d/Linear computes on dynamic fixed point (:func:`qtrain.quant.formats.dynamic_fixed_point`)
+at a word length global to the network, one power-of-two scale per tensor and batch, stochastic
+rounding: weights, activations and the output gradient on both backward paths. The word length follows
+``schedule`` (8 -> 12 -> 14 -> 16 -> float32), switched by the inter-epoch gradient diversity
+(:mod:`qtrain.methods.diversity`); the float32 stage decays the learning rate and stops as the reference
+code does. summary.json gets AdaPT's performance model (:mod:`qtrain.methods.priced`).
 
-The word length follows ``schedule`` (8 -> 12 -> 14 -> 16 -> float32; 32 means float32, no
-quantization). Switching, by inter-epoch gradient diversity: one gradient per parameter is kept at
-every epoch's end, that of the epoch's last optimizer step; after every ``resolution`` (r >= 2)
-epochs, counted from the start of training as in the reference, ``Δs = mean over parameters of
-Σ_k ||g_k||² / ||Σ_k g_k||²`` over those r gradients (over one gradient it is always 1, so r = 1 is
-refused). With ``diversity_input: reference`` (ICIdsl/muppet, policy.py and quant_sgd.py: what
-``p.grad`` holds after its optimizer step) the kept gradient is every parameter's (biases and batch
-norm included), rounded to dynamic fixed point at the current word length (stochastic rounding, one
-scale per tensor), plus the parameter group's weight decay times the weight before the step;
-``weight_grads`` keeps the Conv2d/Linear weight gradients as backward computed them (the paper's
-per-layer formula). The largest Δs since the last switch is tracked; where Δs is below it, ``p = max /
-Δs`` is compared with ``T(e) = 1 + 1.5 exp(-0.1 e)`` (e the 0-based epoch) and ``p > T(e)`` counts a
-violation; the ``patience``-th violation (not necessarily consecutive) switches to the next word
-length and resets the maximum and the count. A stage thus lasts at least ``(patience + 1) r`` epochs.
-A parameter whose r kept gradients are all zero has no diversity (0 / 0: NaN, as the reference's tensor
-division gives), nor then has the mean: that check counts nothing and leaves the maximum (the reference's
-comparisons with NaN are false); a window whose gradients cancel to a zero sum has +inf, as there.
-On several processes each rounds its own copy of the (averaged) gradients; all take rank 0's diversity.
-
-In the float32 stage the learning rate is multiplied by ``float32_lr.gamma`` at every
-``float32_lr.every``-th epoch, counting the epoch that switched as the first (the reference: 0.1
-every 15); before it, the run's schedule applies (the reference holds the rate constant: use
-``sched=constant``). The reference stops at such a point once the rate is at its minimum (policy.py
-``check_stopping_condition``: ``Min_LR`` is the start rate x0.01 in its configs), after training that
-epoch: ``float32_lr.decays: 2`` does this by count, so the run ends after ``(decays + 1) every`` float32
-epochs (45 with the switching epoch: the MuPPET paper's 45 float32 epochs for AlexNet and ResNet-20
-on CIFAR-10), ``stopped_early`` in
-summary.json; ``train.epochs`` stays the cap. ``decays: null`` is the fixed-epoch reading: decays
-until ``train.epochs``. The count departs from the reference's ``lr > Min_LR`` test in one case: its
-ResNet configs (rate 0.1, minimum 0.001) compare 0.1·0.1·0.1 = 0.0010000000000000002 > 0.001 in
-float64 and decay a third time, stopping only after 60 float32 epochs, not the 45 its paper reports.
-
-A Transformer's attention products QK^T and attention x V (:class:`~qtrain.quant.layers.MatMul`, two
-activations) run at the same word length: both operands and the gradient on dynamic fixed point, each
-with its own scale (the MuPPET paper trains CNNs only). They have no weights, so they take no part in
-the gradient diversity or the weight densities of the performance model.
-
-metrics.csv gets each epoch's word length, the window's diversity (NaN between checks), the running
-maximum, the ratio p, the threshold T(e), the violation count and whether the epoch switched.
-summary.json gets AdaPT's performance model (Sec. 4.1.2) for the run (``performance_model``), as the
-AdaPT paper priced MuPPET (Tables 3-4; no PushDown/PushUp overhead).
-
-Departures from the reference code (ICIdsl/muppet):
-- Activations are quantized where they enter a Conv2d/Linear (so the input images too, one scale per
-  batch); the reference quantizes the outputs of its conv, linear and pooling layers, and each input
-  image with its own scale.
-- Gradients (``grad: quantized``): the gradient w.r.t. each layer's output is quantized before both
-  backward GEMMs; the reference quantizes what comes out of them (gradients w.r.t. input, weight and
-  bias, in backward hooks) and the weight gradients again in its optimizer.
-- Codes are clamped to the WL-bit range (its stochastic rounding of a value at ``UB + 0.5`` can reach
-  ``2^(WL-1)``, one past it); a scale bound whose extreme has the wrong sign (no positive or no negative
-  values) is left out, where the reference takes the absolute value of both quotients.
-- Biases and batch-norm parameters train in float32 (the reference quantizes every parameter in its
-  optimizer); their gradients are rounded for the diversity only. The weight-decay term of the
-  diversity input uses the float32 weight (the reference's optimizer decays its quantized copy).
-- The diversity sums the r kept gradients. In the reference the first one of each window is stored
-  as a view of the gradient buffer (policy.py ``update_calculation``), which the next epoch's
-  ``model.zero_grad()`` clears in place and its first backward refills, until the optimizer step
-  assigns a new buffer: with the PyTorch of its time its ``Σ g`` held that first batch's raw gradient
-  in place of the window's first kept one (its ``Σ ||g||²`` is computed on time). That reads as a
-  bug, not as the method.
-- The performance model prices the measured weight density at every step; the AdaPT reference priced
-  MuPPET dense, over the MuPPET paper's epochs per word length. As there, the float32 stage is charged
-  at WL = 32 on top of the float32 master in the memory (MEM ``1 + mean(WL) / 32`` for a dense run).
-- The reference framework (ICIdsl/muppet with adityarajagopal/pytorch_training) trains on 80 % of the
-  training set (its ``Train_Val_Split`` of 0.8; read from a framework version that may postdate the
-  MuPPET paper); qtrain trains on all of it. ``data.fold=0 data.folds=5`` trains on 80 %.
+The switching rule, its records and every departure from the reference code: docs/methods/muppet.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """PFQ: progressive fractional quantization (FracTrain Sec. 3.1, Algorithm 1; appendix A).
 
-SBM's range-linear quantizers (weights per output channel, activations per tensor, gradients per
-tensor with stochastic rounding) stepped through a precision schedule FW(a0..an)/BW(g0..gn): weights
-and activations take the FW bits of the current stage, gradients on both backward paths the BW bits.
-The stage advances at the loss indicator's turning points (``switch: auto``, the paper's default
-epsilon 0.05, alpha 0.3; the reference code's defaults are 0.15 and 0.4) or after given epochs
-(``switch: manual``, the appendix's Manual-PFQ; the reference's README commands pass 0.05 and 0.3, so its
-published runs used the paper's values). metrics.csv records each epoch's stage, the
-indicator's loss difference and the epsilon it was compared with; precision.csv the bits each epoch
-trained at, so every turning point shows as a change of bits.
+SBM's range-linear quantizers stepped through a precision schedule FW(a0..an)/BW(g0..gn): weights and
+activations take the FW bits of the current stage, gradients on both backward paths the BW bits. The
+stage advances at the loss indicator's turning points (``switch: auto``) or after given epochs
+(``switch: manual``, Manual-PFQ), by :mod:`qtrain.methods.progressive`.
 
-Defaults that follow the reference code (GATECH-EIC/FracTrain, ``train_pfq.py``): the activation
-range is the tensor's global min/max (``act_range: tensor``, its ``reduce_type='extreme'``) with a
-running average of weight 0.9 on the old value for evaluation (``act_momentum``); the stem is
-quantized and the classifier stays float32 (``first_layer: quantized``, ``last_layer: float32``).
-Departures: the reference's indicator counts an "epoch" as 400 iterations and the loss as their mean,
-qtrain uses data epochs; its MobileNetV2 keeps every convolution's weights in float32 unless a weight
-precision is passed, while qtrain quantizes weights at the stage's FW bits (depthwise ones held at
-``depthwise_bits``), as the paper describes. On ImageNet (Table 2's ResNet-18) the reference's
-``fractrain_imagenet`` has no plain ResNet (its definitions are commented out), so its PFQ there cannot be
-read; the CIFAR code's choices (stem quantized, classifier float32) are carried over.
+Defaults, their sources and every departure from the paper and the reference code: docs/methods/pfq.md.
 """
 
 from __future__ import annotations

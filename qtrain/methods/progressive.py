@@ -1,16 +1,10 @@
 """When to move to the next stage of a progressive schedule (FracTrain Sec. 3.1, Algorithm 1; appendix A).
 
 PFQ steps through precision stages and FracTrain through cp targets; both advance either at the
-turning points of the training loss (``switch: auto``, the paper's indicator) or at given epochs
-(``switch: manual``, the appendix's Manual-PFQ).
-
-The indicator: keep the losses of the current stage's last ``window`` epochs; with
-``L_scale`` the mean loss of the first ``scale_epochs`` epochs of training (of those seen so far,
-while fewer have passed), ``d_i = |L_i - L_now| / L_scale`` over the earlier losses of the window;
-switch when every ``d_i <= epsilon``, then ``epsilon <- epsilon * alpha`` and clear the window, so
-consecutive turning points are at least ``window`` epochs apart. The reference code decays epsilon at
-its first two turning points only; that is the same for schedules of up to four stages (three turning
-points), and qtrain decays it at every one, as Algorithm 1 does.
+turning points of the training loss (``switch: auto``, the paper's indicator over a window of epoch
+losses normalized by ``L_scale``, epsilon decaying by alpha at every turning point) or at given
+epochs (``switch: manual``, the appendix's Manual-PFQ). The indicator and its departures from the
+reference code: docs/methods/pfq.md.
 """
 
 from __future__ import annotations

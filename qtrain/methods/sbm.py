@@ -1,33 +1,12 @@
-"""SBM: 8-bit training with range-based linear quantization (Banner et al., NeurIPS 2018).
+"""SBM: 8-bit training with range-based linear quantization (Banner et al., NeurIPS 2018, Sec. 3).
 
-Sec. 3 of the paper and its reference code. Weights: per-output-channel min/max, nearest rounding. Activations (the input of
-every Conv2d/Linear): per-tensor range from the batch, by default the mean over the batch of the
-per-sample min/max as in Banner's reference code (``act_range: tensor`` takes the global min/max), with
-a running average of the range for evaluation (``act_momentum``: the weight of the running value, as
-in the reference code); nearest rounding. Gradients (``grad_output``): per-tensor min/max, stochastic
-rounding. Two readings of "FW-8/BW-16": ``grad_weight_bits: 16`` with ``grad_bits: 8`` is Banner's
-gradient bifurcation (error path 8, weight-gradient path 16: 8.33 % of float32, experiment
-``sbm_bw16_bifurcation``); ``grad_bits: 16`` alone puts both backward GEMMs at 16 bits, FracTrain's
-baseline (10.42 %, experiment ``sbm_bw16_both_paths``). Depthwise convolutions are held at
-``depthwise_bits`` (FracTrain Sec. 4.2 keeps MobileNetV2's at FW-8/BW-16 in every experiment). The
-first and last Conv2d/Linear are quantized unless ``first_layer``/``last_layer`` say ``float32``.
-Batch norm stays float32. Range BatchNorm is not implemented (off in FracTrain's baselines too).
-A Transformer's attention products QK^T and attention x V (:class:`~qtrain.quant.layers.MatMul`) are
-quantized too, both operands like activations at the FW bits (the weight's bits for the second) and
-``grad_output`` like any gradient (FracTrain quantizes its Transformer and names no exception; which
-GEMMs it quantized there is qtrain's reading). Both of their gradients flow back to earlier layers,
-so both take the error path's bits: Banner's wider weight-gradient path is for weight gradients, and
-a MatMul has no weight.
+Weights per output channel (nearest), activations per tensor with a running range for evaluation
+(nearest), ``grad_output`` per tensor (stochastic), on the error path at ``grad_bits`` and on the
+weight-gradient path at ``grad_weight_bits`` (both readings of "FW-8/BW-16"). The same quantizers serve
+PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use when
+(:func:`range_linear_quantizers`, :func:`check_range_linear`).
 
-FracTrain's reference code runs its SBM baseline (``fractrain_cifar/train_base.py``) with the global
-activation range and the classifier in float32 (the FracTrain experiments' SBM commands set
-``act_range: tensor``, ``last_layer: float32``), and on MobileNetV2 with float32 weights
-(``WEIGHT_BITS = 0``) while its cost line charges them at 8 bits; qtrain quantizes the weights it charges
-at ``weight_bits``, so its Table 1 SBM rows train what their cost says (the reference's accuracy there
-is that of float32 weights).
-
-The same quantizers serve PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use
-when (:func:`range_linear_quantizers`, :func:`check_range_linear`).
+Defaults, their sources and every departure from the paper and the reference code: docs/methods/sbm.md.
 """
 
 from __future__ import annotations

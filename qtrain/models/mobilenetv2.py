@@ -1,14 +1,10 @@
 """MobileNetV2 (Sandler et al., 2018) for 32x32 inputs, the CIFAR variant FracTrain trains (Sec. 4.2, Table 1).
 
-The paper takes its MobileNetV2 from E2-Train; the layout here is the reference code's
-(GATECH-EIC/FracTrain ``fractrain_cifar/models.py``, the widely used CIFAR MobileNetV2): ImageNet's
-stages with CIFAR strides (a stride-1 3x3 stem and a stride-1 second stage, so a 32x32 input reaches
-the last stage at 4x4), inverted residual blocks of a 1x1 expansion (built also where the expansion
-is 1), a 3x3 depthwise and a 1x1 linear projection, with ReLU. Every stride-1 block is residual: a
-block that keeps the width adds its input, one that changes it adds a 1x1 convolution of its input
-(with batch norm), the projection shortcut that DFQ's skip runs. Stride-2 blocks have no residual.
-Weights keep PyTorch's default initialization, as in the reference. The depthwise convolutions are
-what the quantized methods hold at FW-8/BW-16.
+The layout is the reference code's (GATECH-EIC/FracTrain ``fractrain_cifar/models.py``): ImageNet's stages
+with CIFAR strides, inverted residual blocks (1x1 expansion, 3x3 depthwise, 1x1 linear projection) with
+ReLU; every stride-1 block is residual, through a 1x1 projection shortcut where the width changes (what
+DFQ's skip runs). The depthwise convolutions are what the quantized methods hold at FW-8/BW-16.
+See docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """The CIFAR ResNets of He et al.: depth 6n+2 with basic blocks (ResNet-20/38/74/110: n = 3/6/12/18) and
-depth 9n+2 with bottleneck blocks (ResNet-164: n = 18).
+depth 9n+2 with bottleneck blocks (ResNet-164: n = 18, FracTrain appendix B).
 
 Three stages of n blocks with 16/32/64 channels (FracTrain's reference code, GATECH-EIC/FracTrain
-``fractrain_cifar/models.py``: ResNet-38 = [6,6,6], ResNet-74 = [12,12,12], ResNet-110 = [18,18,18]);
-downsampling shortcuts are 1x1 convolutions with batch norm (the "option B" of the FracTrain/SkipNet
-reference code). Global average pooling makes any input size work. Convolutions start from He et al.'s
-normal initialization (fan-out); the classifier keeps torch's default (uniform in +-1/sqrt(in)), where
-FracTrain's reference code draws it from a normal of standard deviation sqrt(2/(in*out)): both small
-enough that the first epochs' logits start near zero.
-
-ResNet-164 (FracTrain appendix B, Table 6) is the bottleneck network of He et al. 2016, "Identity Mappings
-in Deep Residual Networks" (Sec. 4): blocks of a 1x1 convolution to the stage's width, a 3x3 convolution
-(the stride, where there is one) and a 1x1 convolution to four times the width, so the stages put out
-64/128/256 channels; the first block changes the width through its projection shortcut. FracTrain's
-reference code has no ResNet-164 (its CIFAR models are all basic-block, post-activation, as SkipNet's,
-which it builds on), so the block here is that code's post-activation form (ReLU after the residual sum,
-the "original" ResNet-164 of the Identity-Mappings paper's comparison of original and pre-activation units): the form
-of every other FracTrain ResNet, of the bottleneck in the reference's ImageNet code
-(``fractrain_imagenet/models.py``), and the one whose published errors (5.93 % on CIFAR-10, 25.16 % on
-CIFAR-100) lie closer to FracTrain's FW8/BW8 baseline (93.72 %, 74.55 %) than the pre-activation ones
-(5.46 %, 24.33 %).
+``fractrain_cifar/models.py``), 1x1-conv projection shortcuts with batch norm, global average pooling.
+ResNet-164's bottleneck block is the post-activation form of every other FracTrain ResNet. The
+initialization and why ResNet-164 takes that form: docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """A decoder-only Transformer language model (Vaswani et al., 2017; FracTrain Sec. 4.1, appendix D).
 
-Token embedding scaled by sqrt(d_model) plus the fixed sinusoidal position encoding, dropout, then
-``layers`` blocks of causal multi-head self-attention and a ReLU feed-forward network, each sublayer's
-output followed by dropout, the residual sum and LayerNorm (Vaswani's Sec. 5.4 dropout and post-norm
-order; no dropout on the attention weights or inside the feed-forward network, as there), and the
-projection to the vocabulary that shares the embedding's weights (Sec. 3.4), without bias. The
-projection is a GEMM that a method quantizes like any Linear; the embedding is a table lookup of the
-same float32 master weights, not a GEMM. Linear layers keep torch's initialization (the paper gives none).
-
-Every GEMM is a module the cost profile sees and a method can quantize: the query/key/value and
-output projections and the two feed-forward layers (``nn.Linear``), and the two products of
-activations in attention, ``scores = (Q / sqrt(d_k)) K^T`` and ``mix = softmax(scores) V``
-(:class:`~qtrain.quant.layers.MatMul`). Scaling Q before the product keeps the product a pure GEMM.
-
-Presets (``model.preset``): ``base`` is Transformer-base as FracTrain's Table 2 trains it on WikiText-103
-(6 layers, d_model 512, 8 heads, FFN 2048, dropout 0.1, sequence 256); ``small`` and ``tiny`` train
-on a CPU (the WikiText-2 mini run, tests). Any size can be set on its own (``model.layers=4``).
-
-Each preset also names the peak learning rate and warm-up steps of the Transformer's default training
-(``conf/recipe``: Adam (0.9, 0.98, eps 1e-9) under ``sched=inverse_sqrt``, Vaswani et al. Sec. 5.3): ``base`` is
-FracTrain appendix D's run, (512 * 4000)^-0.5 = 7.0e-4 after 4,000 steps; ``small`` takes 1e-3 (Vaswani's
-d_model^-0.5 scaling of base's would give 1.4e-3, rounded down to Adam's usual 1e-3) after 100 steps (the
-WikiText-2 mini run's warm-up: a CPU run is a few thousand steps), and ``tiny`` the same.
+Scaled token embeddings and sinusoidal positions, post-norm blocks of causal multi-head attention and a
+ReLU feed-forward network, and a projection to the vocabulary that shares the embedding's weights. Every
+GEMM is a module the cost profile sees and a method can quantize: the linear layers and attention's two
+products of activations (:class:`~qtrain.quant.layers.MatMul`). Presets (``model.preset``): ``base``
+(FracTrain Table 2's Transformer-base), ``small`` (trains on a CPU), ``tiny`` (tests); each also names the
+peak learning rate and warm-up of the default training (``conf/recipe``). See docs/models.md.
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 
 - :func:`quantize_ste`: quantize in forward, pass the gradient straight through.
 - :func:`quantize_grad`: identity in forward, quantize ``grad_output`` in backward.
-- :class:`QuantizedGEMM`: a convolution or linear layer on quantized operands whose backward
-  quantizes ``grad_output`` for the error path (grad w.r.t. input) and, at another precision where
-  asked, for the weight-gradient path (SBM's "BW-16" gradient bifurcation). It saves the quantized
-  activation in compact form (integer codes), so it holds less memory than the float32 layer.
-  An observer (DYNASTY's sensitivity analytics) sees the gradients w.r.t. the input and the weight.
-- :class:`QuantizedMatMul`: a product of two activations (a Transformer's QK^T and attention x V), the
-  same three GEMMs with the second operand in the weight's place: its backward quantizes
-  ``grad_output`` for the first operand's gradient (the error GEMM) and, where asked, at another
-  precision for the second's (the weight-gradient GEMM's place).
+- :class:`QuantizedGEMM`: a convolution or linear layer on quantized operands whose backward quantizes
+  ``grad_output`` for the error path and, at another precision where asked, for the weight-gradient path
+  (SBM's "BW-16" bifurcation); it saves the quantized activation as integer codes. An observer (DYNASTY's
+  sensitivity analytics) sees the gradients w.r.t. the input and the weight.
+- :class:`QuantizedMatMul`: a product of two activations (attention's QK^T and attention x V), the same
+  three GEMMs with the second operand in the weight's place.
 """
 
 from __future__ import annotations

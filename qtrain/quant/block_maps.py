@@ -1,29 +1,12 @@
 """Block floating point under a per-block bit-width map, with per-block sensitivities (DYNASTY Sec. 3.1-3.2).
 
-DYNASTY (DYNASTY paper Sec. 3.1) cuts every training operand into 4 x 4 blocks that share one exponent,
-along C_out x C_in for weights (and their gradients; each kernel position apart) and batch x C_in for
-activations (each spatial position apart; the gradient w.r.t. a layer's output runs along batch x C_out).
-The tiled dimensions are each quantizer's ``dims``, chosen per layer by :func:`operand_dims`: a Conv2d's
-(N, C, H, W) tiles dimensions 0 and 1; a Linear's (N, ..., C) tiles 0 and -1, so that a Transformer's
-tokens (N, T, C) take the place of spatial positions (for a 2-D input the two are the same). In each GEMM
-one operand has static 8-bit mantissas, the other 0-8 bits per block from a bit-width map:
-
-- :class:`WeightMap` quantizes the weight by its map; the weight is the mapped operand of the
-  forward and error GEMMs (whose other operands, the activation and ``grad_output``, are 8-bit);
-- :class:`ActivationMap` gives the forward GEMM the activation at 8 bits and keeps, for the
-  weight-gradient GEMM, the activation quantized by its map as int8 codes and one step per block
-  (``grad_output`` is 8-bit there); with ``in_forward`` the forward GEMM takes the mapped activation too
-  (DYNASTY's ``act_map: forward``);
-- :class:`Sensitivity` is the backward observer (:class:`~qtrain.quant.layers.OperandQuantizers`)
-  that adds each block's eq. 1 sensitivity ``S_i = (2^e_i)^2 / 16 * sum_j g_ij^2`` to the operand's
-  accumulator, with ``g`` the gradient w.r.t. the operand and ``2^e_i = 2^(E+1)`` the block's range
-  (its magnitudes lie below it); a block of zeros has no quantization noise and sensitivity 0.
-
-A map is an int32 tensor with one entry per block, in the tile order of
-:func:`~qtrain.quant.formats.tile_view` over the quantizer's ``dims`` (the batch outermost for
-activations); an activation map covers a full batch (a smaller batch uses its first rows). Maps and
-accumulators are plain attributes that the method sets, reads and saves.
-Quantization runs on the blocks as one batched tensor computation on any device.
+Every training operand is cut into 4 x 4 blocks that share one exponent, along the dimensions
+:func:`operand_dims` chooses per layer. :class:`WeightMap` quantizes the weight by its map (the mapped
+operand of the forward and error GEMMs); :class:`ActivationMap` keeps the activation quantized by its map
+for the weight-gradient GEMM (and, ``in_forward``, the forward GEMM); :class:`Sensitivity` is the backward
+observer that adds each block's eq. 1 sensitivity to the operand's accumulator. A map is an int32 tensor
+with one entry per block in :func:`~qtrain.quant.formats.tile_view`'s order; maps and accumulators are
+plain attributes that the method sets, reads and saves. The layouts: docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Number formats as pure tensor functions.
 
-- fixed point <WL, FL>: step 2^-FL, range [-2^(WL-FL-1), 2^(WL-FL-1) - 2^-FL] (QPyTorch's grid),
-  optionally without clamping (``clamp=False``) or with the mask of clamped elements for a
-  straight-through estimator (:func:`fixed_point_with_mask`);
-- range-linear (SBM, Banner et al. 2018): 2^b levels from lo to hi, zero point at lo, with lo/hi
-  over the finite values per tensor, per output channel or the mean of per-sample ranges
-  (:func:`tensor_range`); integer codes and their decoding for saved activations;
-- block floating point: one power-of-two exponent per block (the whole tensor, k x k tiles of two
-  dimensions, or each index of one dimension), WL-bit signed mantissas, QPyTorch's grid (step
-  2^(E+2-WL) for largest finite magnitude in [2^E, 2^(E+1)), magnitudes up to 2^(E+1) - step,
-  step at least 2^-149); NaN and ±inf elements pass through;
-- float <exp, man>: the IEEE 754 grid (bias 2^(exp-1) - 1, top exponent reserved for inf/NaN,
-  subnormals, overflow to ±inf or, with ``saturate``, to ±largest finite); <5,10> and <8,7> equal
-  torch's float16 and bfloat16 casts bit for bit.
+- fixed point <WL, FL> (QPyTorch's grid), optionally without clamping or with the mask of clamped
+  elements for a straight-through estimator; MuPPET's dynamic fixed point (a power-of-two scale per tensor);
+- range-linear (SBM, Banner et al. 2018): 2^b levels from lo to hi, per tensor, per output channel or the
+  mean of per-sample ranges; integer codes and their decoding for saved activations;
+- block floating point: one power-of-two exponent per block (tensor, k x k tiles, or one dimension's index);
+- float <exp, man>: the IEEE 754 grid; <5,10> and <8,7> equal torch's float16 and bfloat16 casts bit for bit.
 
-Each takes ``rounding`` = "nearest" or "stochastic" (up with probability equal to the fractional
-part, :func:`qtrain.quant.rounding.round_codes`). Nearest is round-half-to-even in every format, as
-torch's own casts do; QPyTorch agrees in fixed point only (its float kernel rounds ties away from
-zero, its block kernel rounds them up), so tests compare with it off ties. NaN stays NaN in every
-format. Inputs are float32; each format runs as one fused kernel (:func:`qtrain.quant.rounding.fused`).
+Each takes ``rounding`` = "nearest" (half to even) or "stochastic" (:mod:`qtrain.quant.rounding`) and runs
+as one fused kernel. The grids, rounding and their checks: docs/formats.md.
 """
 
 from __future__ import annotations

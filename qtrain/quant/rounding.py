@@ -1,30 +1,12 @@
 """Rounding onto integer grids: nearest and stochastic, exact power-of-two scaling, fused kernels.
 
-Every number format in :mod:`qtrain.quant.formats` reduces to an integer grid (per tensor, row,
-block or element): it expresses ``x`` in units of its step, rounds that with :func:`round_codes`,
-clamps the codes and maps them back. This module holds the rounding, :func:`scale_pow2` (exact
-scaling by 2^k without float64 or intermediate overflow) and :func:`fused`, which runs a format's
-whole computation as one torch.compile kernel (one pass over memory instead of several), eager where
-compilation is unavailable.
-
-Nearest rounding is round-half-to-even everywhere, as torch's own casts (``x.half()``,
-``x.bfloat16()``) and ``torch.round`` do. QPyTorch rounds ties half to even in fixed point only: its
-float and block kernels add half a step to the bits and truncate (ties away from zero for floats,
-up for blocks), so tests compare with it off ties only.
-
-Stochastic rounding rounds ``t`` up with probability equal to its fractional part, drawn
-from a seeded generator so runs repeat: ``f = floor(t)``, ``frac = t - f`` (exact in floating point), code ``f + (u < frac)`` with
-``u`` uniform on the 2^24 multiples of 2^-24 in [0, 1). A value on the grid (``frac = 0``) never
-moves and P(up) is ``frac`` to within 2^-24 at any magnitude of ``t``; the textbook ``floor(t + u)``
-rounds the sum before the floor once ``t`` is large, which moves values on the grid and biases P(up).
-
-Drawing ``u`` with ``torch.rand_like`` costs about 20 copies of the tensor on the CPU, so ``u`` comes
-from a counter-based hash instead (:func:`uniform_at`): a 32-bit integer mixer (``lowbias32``) of the
-element index XOR a key. Tensors of 2^31 elements or more index with int64 and fold the high 32 bits
-of the index into the key through the same mixer, so their first 2^31 draws equal the int32 path's.
-The key is drawn from torch's default generator at every call, so runs stay reproducible under
-``torch.manual_seed`` and resume from a saved RNG state. The eager and the compiled path run the
-same integer arithmetic and give bit-identical results.
+Every number format in :mod:`qtrain.quant.formats` reduces to an integer grid: it expresses ``x`` in units of
+its step, rounds that with :func:`round_codes`, clamps the codes and maps them back. Nearest rounding is
+round-half-to-even everywhere, as torch's own casts do. Stochastic rounding rounds ``t`` up with probability
+equal to its fractional part, code ``floor(t) + (u < frac)``, with ``u`` from a counter-based hash keyed by
+torch's default generator (:func:`uniform_at`), so runs repeat and resume. :func:`scale_pow2` scales by 2^k
+exactly; :func:`fused` runs a format's whole computation as one torch.compile kernel, eager where compilation
+is unavailable, with bit-identical results. Why each choice: docs/formats.md.
 """
 
 from __future__ import annotations
