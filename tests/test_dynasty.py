@@ -1,4 +1,4 @@
-"""DYNASTY (dynasty.txt): block layouts against loop references, eq. 1, Algorithm 1, smoothing and
+"""DYNASTY (docs/methods/dynasty.md): block layouts against loop references, eq. 1, Algorithm 1, smoothing and
 rounding, skipped blocks, the precision record, and the average bit-width of a short run."""
 
 import json
