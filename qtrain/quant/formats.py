@@ -1,14 +1,13 @@
-"""Number formats as pure tensor functions.
+"""Number formats as pure tensor functions (the grids, rounding and their checks: docs/formats.md).
 
-- fixed point <WL, FL> (QPyTorch's grid), optionally without clamping or with the mask of clamped
-  elements for a straight-through estimator; MuPPET's dynamic fixed point (a power-of-two scale per tensor);
-- range-linear (SBM, Banner et al. 2018): 2^b levels from lo to hi, per tensor, per output channel or the
-  mean of per-sample ranges; integer codes and their decoding for saved activations;
+- fixed point <WL, FL> (QPyTorch's grid), with or without clamping or with the clamped elements' mask for
+  a straight-through estimator; MuPPET's dynamic fixed point (a power-of-two scale per tensor);
+- range-linear (SBM): 2^b levels from lo to hi, per tensor, per output channel or the mean of per-sample
+  ranges; integer codes and their decoding for saved activations;
 - block floating point: one power-of-two exponent per block (tensor, k x k tiles, or one dimension's index);
 - float <exp, man>: the IEEE 754 grid; <5,10> and <8,7> equal torch's float16 and bfloat16 casts bit for bit.
 
-Each takes ``rounding`` = "nearest" (half to even) or "stochastic" (:mod:`qtrain.quant.rounding`) and runs
-as one fused kernel. The grids, rounding and their checks: docs/formats.md.
+Each takes ``rounding`` = "nearest" (half to even) or "stochastic" and runs as one fused kernel.
 """
 
 from __future__ import annotations
