@@ -1,10 +1,11 @@
-# The two commands of the README: `make run` (set up, then the default job) and `make test`; `make gpu-check` on a
+# The two commands of the README: `make run` (set up, then the default job) and `make test-full` (set up, then the
+# whole suite: CI's); `make test` runs the fast tier while developing; `make gpu-check` on a
 # CUDA machine (the same setup, then scripts/gpu_check.py).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := pyproject.toml $(shell find qtrain conf results/paper -name '*.py' -o -name '*.yaml' -o -name '*.csv' 2>/dev/null)
 
-.PHONY: run test test-fast lint bench gpu-check
+.PHONY: run test test-full lint bench gpu-check
 
 # torch 2.14.1 + torchvision 0.29.1 first (pip takes them from local disk where they lie there),
 # then qtrain with its test extras, as a plain (non-editable) install.
@@ -23,10 +24,10 @@ run: $(VENV)/.installed
 	$(VENV)/bin/qtrain
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
-
-test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow"
+
+test-full: $(VENV)/.installed
+	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check qtrain tests scripts

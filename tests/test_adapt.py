@@ -45,6 +45,7 @@ def _on_grid(wl: int, fl: int, n: int = 4000) -> torch.Tensor:
 
 @pytest.mark.parametrize("wl,fl", [(6, 3), (8, 4), (5, 0), (12, 10)])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.slow
 def test_pushdown_finds_the_format_a_tensor_was_built_in(wl, fl, rounding):
     x = _on_grid(wl, fl)
     for search in ("range", "current"):
@@ -228,6 +229,7 @@ def test_tnvs_draws_a_truncated_fan_in_normal():
     assert w.var().item() == pytest.approx(expected, rel=0.02)
 
 
+@pytest.mark.slow
 def test_adapt_quantizes_weights_and_activations_and_keeps_gradients_float32():
     method, model = prepared("adapt")
     q = model.layer1[0].conv1.quant
@@ -236,6 +238,7 @@ def test_adapt_quantizes_weights_and_activations_and_keeps_gradients_float32():
     assert bits.gemm_fractions() == (64 / 1024, 256 / 1024, 256 / 1024)
 
 
+@pytest.mark.slow
 def test_adapt_loss_adds_l1_l2_and_the_word_length_density_penalty():
     method, model = prepared("adapt", "method.l1=0.01", "method.l2=0.1", "method.params=weights")
     model.train()
@@ -256,6 +259,7 @@ def test_adapt_loss_adds_l1_l2_and_the_word_length_density_penalty():
     assert torch.allclose(w.grad, 0.01 * q.sign() + 0.1 * w.detach())
 
 
+@pytest.mark.slow
 def test_adapt_covers_every_parameter_by_default():
     method, model = prepared("adapt", "method.l1=0.01")
     model.train()
@@ -290,6 +294,7 @@ def _one_step(*overrides: str, seed: int = 0):
     return method, model, float_grads
 
 
+@pytest.mark.slow
 def test_quantized_gradients_lie_on_the_layer_grid_and_are_normalized_after():
     method, model, float_grads = _one_step("method.normalize_grads=false")
     for name, p in model.named_parameters():  # every layer at <8,4>: multiples of 2^-4 in [-8, 8 - 2^-4]
@@ -309,6 +314,7 @@ def test_quantized_gradients_lie_on_the_layer_grid_and_are_normalized_after():
         assert q.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_float32_gradients_and_the_weights_only_scope_leave_the_rest_alone():
     _, model, float_grads = _one_step("method.normalize_grads=false", "method.grad=float32")
     for name, p in model.named_parameters():
@@ -321,6 +327,7 @@ def test_float32_gradients_and_the_weights_only_scope_leave_the_rest_alone():
                                                                                   float_grads["fc.weight"].norm())
 
 
+@pytest.mark.slow
 def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_full():
     method, model = prepared("adapt", "method.lookback={low: 2, high: 2, momentum: 0.33}")
     model.train()
@@ -367,6 +374,7 @@ def test_bad_float32_values_are_named(override, message):
         build_method(make_config("method=float32", override).method)
 
 
+@pytest.mark.slow
 def test_float32_baseline_draws_tnvs_weights_and_adds_l1():
     torch.manual_seed(0)
     method, model = prepared("float32", "method.init=tnvs", "method.init_scale=0.5", "method.l1=0.001")
@@ -421,6 +429,7 @@ def test_the_performance_model_amortizes_over_the_runs_accumulation(tmp_path):
     assert four["baselines"]["same"]["accum_steps"] == 4
 
 
+@pytest.mark.slow
 def test_adapt_warns_when_the_optimizer_adds_l2_again(caplog):
     method, model = prepared("adapt", "method.l2=1e-4")
     method.attach(torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=5e-4), RunFacts(64, 1, 256))
@@ -498,6 +507,7 @@ def test_pushdown_stops_at_the_kl_tolerance_on_gaussian_weights(resolution):
     assert chosen.wl == chosen.fl + 1  # |w| < 1: one sign bit and the fraction
 
 
+@pytest.mark.slow
 def test_adapt_strategy_reads_the_mean_loss_of_the_last_average_lookback_steps():
     method, _ = prepared("adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}")
     for loss in (5.0, 4.0, 3.0):  # fewer than lb_avg = 3 losses recorded before these: the strategy waits

@@ -228,6 +228,7 @@ def test_unwritable_sweep_directory_is_one_line(tmp_path, immutable, where):
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_sweep_directory_under_a_file_is_one_line(tmp_path):
     (tmp_path / "a_file").write_text("")
     result = run_cli("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={tmp_path / 'a_file' / 'sweep'}", cwd=tmp_path)

@@ -8,6 +8,7 @@ from .conftest import TINY, make_config, once, run_cli
 from .test_data import _write_mnist
 
 
+@pytest.mark.slow
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0

@@ -12,6 +12,7 @@ from qtrain.precision import Bits, LayerPrecision
 
 @pytest.mark.parametrize("name,size", [("resnet20", 32), ("resnet38", 16), ("alexnet", 32), ("mobilenetv2", 32),
                                        ("resnet34", 16), ("resnet164", 8)])
+@pytest.mark.slow
 def test_profile_matches_torch_flop_counter(name, size):
     model = build_model(name, in_channels=3, num_classes=10, input_size=(size, size))
     x = torch.zeros(3, 3, size, size)
@@ -49,6 +50,7 @@ def test_meter_charges_a_mixture_by_shares_and_skips_cost_nothing():
     assert meter.total() == pytest.approx(10 * 1000 * per_sample)
 
 
+@pytest.mark.slow
 def test_fw8_bw8_is_6_25_percent_and_near_fractrain_table3():
     # FracTrain Table 3: SBM FW-8/BW-8 on CIFAR-10, 160 epochs: 1.18e14 MACs (ResNet-38), 2.62e14 (ResNet-74)
     for name, paper in (("resnet38", 1.18e14), ("resnet74", 2.62e14)):

@@ -137,6 +137,7 @@ def test_mnist_idx_layout_loads_and_bad_files_fail_clearly(tmp_path):
         load_mnist(tmp_path)
 
 
+@pytest.mark.slow
 def test_digits_are_the_scikit_learn_set_split_by_class():
     data = load_digits_data()
     assert len(data.train) + len(data.test) == 1797 and data.image_shape == (1, 8, 8)
@@ -209,6 +210,7 @@ def test_real_cifar10_copy_loads(caplog):
     assert len(mnist.train) == 60_000 and len(mnist.test) == 10_000
 
 
+@pytest.mark.slow
 def test_class_halves_split_both_splits_and_relabel_from_zero():
     full = load_data(make_config("data=digits").data)
     first = load_data(make_config("data=digits", "data.subset={by: classes, part: 0}").data)
@@ -222,6 +224,7 @@ def test_class_halves_split_both_splits_and_relabel_from_zero():
     assert torch.equal(second.train.labels, full.train.labels[upper] - 5)
 
 
+@pytest.mark.slow
 def test_sample_halves_keep_every_class_and_the_whole_test_set():
     full = load_data(make_config("data=digits").data)
     halves = [load_data(make_config("data=digits", f"data.subset={{by: samples, part: {p}}}", f"seed={p}").data)
@@ -235,6 +238,7 @@ def test_sample_halves_keep_every_class_and_the_whole_test_set():
     assert len(rows) == len({tuple(x.flatten().tolist()) for x in full.train.images})  # disjoint, covering
 
 
+@pytest.mark.slow
 def test_fixed_size_sample_is_class_balanced_the_same_for_every_run_and_applies_after_the_halves():
     full = load_data(make_config("data=digits").data)
     sample = load_data(make_config("data=digits", "data.sample={train: 53, test: 20}").data)
@@ -279,6 +283,7 @@ def test_folds_partition_the_training_split():
     assert torch.equal(again.train.images, load_data(make_config("data=digits", "data.fold=3").data).train.images)
 
 
+@pytest.mark.slow
 def test_folds_cut_the_sample_and_their_number_is_a_setting():
     sample = load_data(make_config("data=digits", "data.sample={train: 50, test: 20}").data)
     parts = [load_data(make_config("data=digits", "data.sample={train: 50, test: 20}", "data.folds=5",

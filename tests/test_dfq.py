@@ -47,6 +47,7 @@ def _block_layers(macs, block):
     return [n for n in macs.index if n.startswith(f"{block}.block.")]
 
 
+@pytest.mark.slow
 def test_every_block_is_gated_and_the_gates_stay_float32():
     dfq, net, _ = _prepared(OPTIONS)
     assert len(dfq.blocks) == 9 and all(isinstance(b, GatedBlock) for b in net.layer1)
@@ -132,6 +133,7 @@ def test_bottleneck_blocks_are_gated_and_costed_per_option_by_hand(charge, weigh
         assert dfq.cost_units[b].tolist() == pytest.approx([u / per for u in units], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_gates_choose_one_option_per_sample_and_gradients_reach_them():
     torch.manual_seed(0)
     dfq, net, meter = _prepared(OPTIONS)
@@ -145,6 +147,7 @@ def test_gates_choose_one_option_per_sample_and_gradients_reach_them():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in gate_params)
 
 
+@pytest.mark.slow
 def test_options_set_activations_and_gradients_while_weights_stay_at_weight_bits():
     dfq, net, meter = _prepared(OPTIONS, "method.weight_bits=3")
     layer = net.layer3[1].block.conv2
@@ -158,6 +161,7 @@ def test_options_set_activations_and_gradients_while_weights_stay_at_weight_bits
     assert torch.equal(layer.quantized_weight(), formats.range_linear(layer.weight.detach(), 3, lo, hi))
 
 
+@pytest.mark.slow
 def test_samples_of_a_layer_share_one_range_each_at_its_own_bits():
     torch.manual_seed(1)
     _, net, _ = _prepared(OPTIONS)
@@ -189,6 +193,7 @@ def test_gradients_share_one_range_each_sample_at_its_own_bits():
         assert torch.all((out[n] - g[n]).abs() <= step * 1.001)  # stochastic: one of the two neighbours
 
 
+@pytest.mark.slow
 def test_each_sample_runs_its_block_at_its_own_option():
     torch.manual_seed(1)
     dfq, net, meter = _prepared(OPTIONS)
@@ -228,6 +233,7 @@ def test_a_skipped_block_is_the_identity_or_its_float32_projection_and_costs_tha
     assert costs["layer2.0.block.shortcut.0"] == 4 * 3 * table["macs_per_sample"]["layer2.0.block.shortcut.0"]
 
 
+@pytest.mark.slow
 def test_operand_sizes_count_every_gated_layer_even_where_the_gates_skip_every_sample():
     dfq, net, _ = _prepared(OPTIONS)
     net.gate_controller.forced = 0  # in evaluation every sample skips every block
@@ -250,6 +256,7 @@ def test_operand_sizes_count_every_gated_layer_even_where_the_gates_skip_every_s
     CostMeter(macs, sizes)  # every layer with MACs moves its operands
 
 
+@pytest.mark.slow
 def test_a_block_that_cannot_skip_always_runs():
     dfq, net, meter = _prepared(OPTIONS, "method.skip_downsample=never")
     net.gate_controller.forced = 0
@@ -262,6 +269,7 @@ def test_a_block_that_cannot_skip_always_runs():
 
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])
+@pytest.mark.slow
 def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
     dfq, net, meter = _prepared(OPTIONS, f"method.cp_scope={scope}", "method.cp_weights=macs")
     net.gate_controller.forced = 1  # every block at FW-2/BW-6, weights at 4 bits
@@ -295,6 +303,7 @@ def test_resnet18s_projection_shortcuts_run_in_float32_outside_cp_as_the_referen
     assert dfq._cp_sum / dfq._samples == pytest.approx(100 * _fractions(6, 3, 6) / 3)  # cp: the quantized layers alone
 
 
+@pytest.mark.slow
 def test_a_random_mixture_is_charged_exactly_what_cp_says():
     torch.manual_seed(2)
     dfq, net, meter = _prepared("method.cp_scope=model", "method.cp_weights=macs")
@@ -343,6 +352,7 @@ def test_beta_weighs_the_batch_cost_in_average_block_units(target, sign):
     assert cost == pytest.approx(8 * 9 * _fractions(4, 4, 12))
 
 
+@pytest.mark.slow
 def test_mix_all_costs_what_per_sample_costs_for_the_same_choices():
     torch.manual_seed(3)
     per_sample, net, meter = _prepared(OPTIONS)
@@ -356,6 +366,7 @@ def test_mix_all_costs_what_per_sample_costs_for_the_same_choices():
     assert mixed._cp_sum == pytest.approx(per_sample._cp_sum)
 
 
+@pytest.mark.slow
 def test_mix_all_gives_the_same_outputs_and_a_gradient_to_every_option():
     torch.manual_seed(3)
     per_sample, net, meter = _prepared(OPTIONS)
@@ -375,6 +386,7 @@ def test_mix_all_gives_the_same_outputs_and_a_gradient_to_every_option():
     assert (mixed.gate_controller.proj.weight.grad.abs().sum(1) > 0).all()
 
 
+@pytest.mark.slow
 def test_layers_outside_the_blocks_can_be_quantized():
     dfq, net, _ = _prepared(OPTIONS, "method.outside={fw: 8, bw: 8}")
     assert isinstance(net.conv1, QConv2d)
@@ -407,6 +419,7 @@ def test_fractrain_raises_its_target_at_each_turning_point(tmp_path):
     assert shares.groupby("epoch")["share"].sum().le(1 + 1e-9).all()
 
 
+@pytest.mark.slow
 def test_the_epochs_cost_term_is_what_the_steps_added_to_the_loss():
     torch.manual_seed(3)
     dfq, net, meter = _prepared(OPTIONS)
@@ -432,6 +445,7 @@ def test_fractrains_indicator_reads_the_objective_or_the_task_loss(indicator, re
     assert seen == [metrics[read]] and metrics["train_objective"] == 1.75
 
 
+@pytest.mark.slow
 def test_per_sample_batch_norm_running_statistics_decay_as_the_references_k_updates():
     for execution, momentum in (("per_sample", 1 - 0.9 ** 2), ("mix_all", 0.1)):  # two run options: K = 2
         dfq, net, _ = _prepared(OPTIONS, f"method.execution={execution}")
@@ -462,11 +476,13 @@ def test_appendix_g_targets_by_hand():
     ("model.dfq_gate.width=0", "method.gate.width=0 is not allowed"),
     ("model=alexnet", "method dfq needs a model with residual blocks"),
 ])
+@pytest.mark.slow
 def test_bad_dfq_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
         build_method(make_config("method=dfq", override).method)
 
 
+@pytest.mark.slow
 def test_mobilenetv2_depthwise_convs_hold_their_activation_and_gradient_bits():
     # 16x16 inputs, so the last stage is 2x2: a block that one sample alone runs still gives batch norm 4 values
     dfq, net, meter = _prepared(model="mobilenetv2", size=16)
@@ -514,6 +530,7 @@ EQUAL = "method.options=[[0,0],[4,8],[4,8]]"  # two run options at the same bits
 
 @pytest.mark.parametrize("training", [True, False])  # batch statistics and ranges, or running ones
 @pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])  # a skip through the identity, through the projection
+@pytest.mark.slow
 def test_per_sample_gate_gradient_is_mix_alls_where_the_run_options_agree(name, training):
     # where the run options agree the estimator is the reference's gradient; in training too, as both run the block
     # over the whole batch (its batch statistics and activation range)
@@ -527,6 +544,7 @@ def test_per_sample_gate_gradient_is_mix_alls_where_the_run_options_agree(name, 
     assert (grad[:, 1] - grad[:, 0]).abs().min() > 0  # the skip's A and the run options' differ on both sides
 
 
+@pytest.mark.slow
 def test_per_sample_updates_batch_norm_and_ranges_from_the_whole_batch_once():
     block, x, weight = _block_and_input("layer1.1", EQUAL)
     block.train()
@@ -546,6 +564,7 @@ def test_per_sample_updates_batch_norm_and_ranges_from_the_whole_batch_once():
 
 
 @pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])
+@pytest.mark.slow
 def test_a_block_that_every_sample_skips_gives_its_weights_no_gradient(name):
     block, x, weight = _block_and_input(name, OPTIONS)
     block.train()
@@ -564,6 +583,7 @@ def test_a_block_that_every_sample_skips_gives_its_weights_no_gradient(name):
         assert torch.equal(y, x)
 
 
+@pytest.mark.slow
 def test_skipping_samples_outputs_give_the_weights_no_gradient():
     # dL/dy on the skipping samples alone: their block outputs enter detached, the running samples' get none, so the
     # block's backward pass (batch norm's coupling of the rows included) gives its weights nothing
@@ -579,6 +599,7 @@ def test_skipping_samples_outputs_give_the_weights_no_gradient():
 
 
 @pytest.mark.parametrize("name", ["layer1.1", "layer2.0"])
+@pytest.mark.slow
 def test_per_sample_gate_gradient_follows_its_closed_form_and_leaves_the_forward_pass_alone(name):
     block, x, weight = _block_and_input(name, OPTIONS)
     block.train()
@@ -610,6 +631,7 @@ def test_per_sample_gate_gradient_follows_its_closed_form_and_leaves_the_forward
         assert torch.equal(after[key], block.state_dict()[key]), key
 
 
+@pytest.mark.slow
 def test_without_a_skip_option_the_gates_get_no_task_gradient():
     # every run option's A is the chosen one's: p_j (A_j - sum_k p_k A_k) = 0, the cost term alone moves the gates
     block, x, weight = _block_and_input("layer1.1", "method.options=[[3,6],[4,6],[6,12]]")
@@ -618,6 +640,7 @@ def test_without_a_skip_option_the_gates_get_no_task_gradient():
     assert block.embed[0].weight.grad.abs().max() < 1e-6 * block.embed[0].weight.abs().max()
 
 
+@pytest.mark.slow
 def test_per_sample_running_range_decays_as_the_references_k_runs_a_step():
     nets = {}
     for execution in ("per_sample", "mix_all"):
@@ -651,6 +674,7 @@ def test_paper_table_experiments_use_the_tables_option_sets(model, options):
     assert [list(p) for p in make_config("method=dfq", f"model={model}").method.options] == appendix_f
 
 
+@pytest.mark.slow
 def test_mobilenetv2_block_batch_norms_see_the_whole_batch_at_1x1(monkeypatch):
     dfq, net, meter = _prepared(model="mobilenetv2", size=8)  # CIFAR strides: 8x8 inputs reach 1x1 in the last stages
     net.train()

@@ -132,6 +132,7 @@ ONE_PROCESS_SHARE = {"sbm": (3 * 8 * 8 / 1024, 3 * 8 * 8 / 1024),
 
 
 @pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.slow
 def test_cost_counts_every_sample_once(two_ranks, method):
     root, (zero, one) = two_ranks
     summary = zero[method]["summary"]
@@ -150,6 +151,7 @@ def test_cost_counts_every_sample_once(two_ranks, method):
     assert summary["cost"]["effective_macs"] == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes_and_a_killed_run_resumes_to_the_same_results(two_ranks):
     root, (zero, one) = two_ranks
     assert zero["killed"] == one["killed"] == "stopped"
@@ -201,6 +203,7 @@ def test_wrapping_syncs_weights_and_buffers_from_rank_0_once(tmp_path, new_api):
         torch.testing.assert_close(r["mean"], r["expected"], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ranks_slice_each_batch_into_the_one_process_batch():
     data = load_data(make_config(*TINY, "data.n_train=70").data)  # the last batch of 6 splits 3/3
     kw = dict(crop_padding=2, flip=True)

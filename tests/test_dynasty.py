@@ -202,6 +202,7 @@ def _step(method, model, x, y):
     return method.precision()
 
 
+@pytest.mark.slow
 def test_zero_bit_blocks_contribute_and_cost_nothing():
     torch.manual_seed(0)
     method, model = prepared("dynasty")
@@ -220,6 +221,7 @@ def test_zero_bit_blocks_contribute_and_cost_nothing():
     assert meter.total() == pytest.approx(8 * 1000 * 4 * 8 / 1024)
 
 
+@pytest.mark.slow
 def test_the_record_charges_the_map_shares_and_the_first_epoch_at_4_bits():
     torch.manual_seed(0)
     method, model = prepared("dynasty")
@@ -236,6 +238,7 @@ def test_the_record_charges_the_map_shares_and_the_first_epoch_at_4_bits():
     assert record["layer1.0.conv1"].gemm_fractions[0] == pytest.approx((0.5 * 8 + 0.5 * 4) * 8 / 1024)
 
 
+@pytest.mark.slow
 def test_sensitivities_accumulate_in_backward_for_every_layer():
     torch.manual_seed(0)
     method, model = prepared("dynasty")
@@ -246,6 +249,7 @@ def test_sensitivities_accumulate_in_backward_for_every_layer():
         assert quant.weight.sensitivity.sum() > 0 and quant.act.sensitivity.sum() > 0
 
 
+@pytest.mark.slow
 def test_computation_counts_each_blocks_macs_strides_included():
     method, model = prepared("dynasty")
     method.profile(model, torch.zeros(2, 3, 8, 8))
@@ -259,6 +263,7 @@ def test_computation_counts_each_blocks_macs_strides_included():
     assert torch.all(method.computation("layer2.0.shortcut.0", "weight") == 16 * 2 * 8 * 16)
 
 
+@pytest.mark.slow
 def test_act_map_forward_charges_the_forward_gemm_and_counts_both_gemms():
     torch.manual_seed(0)
     method, model = prepared("dynasty", "method.act_map=forward")
@@ -437,6 +442,7 @@ def test_a_linear_on_tokens_quantizes_grad_output_on_batch_by_output_blocks_at_e
     assert torch.equal(x.grad, expected)
 
 
+@pytest.mark.slow
 def test_dynasty_trains_a_transformer_with_maps_that_differ_between_blocks():
     from qtrain.methods import build_method
     from qtrain.models import build_model

@@ -58,6 +58,7 @@ def test_adapt_table_runs_follow_the_paper_and_reference_configs(experiment, mod
 
 
 @pytest.mark.parametrize("model,data,l1,l2", [("alexnet", "cifar100", 1e-8, 1e-4), ("resnet20", "cifar10", 1e-8, 1e-4)])
+@pytest.mark.slow
 def test_adapt_float32_baselines_follow_the_reference_float32_configs(model, data, l1, l2):
     cfg = make_config("experiment=adapt_float32", f"model={model}", f"data={data}")
     assert cfg.method.name == "float32" and (cfg.method.init, cfg.method.init_scale) == ("tnvs", 0.5)

@@ -95,6 +95,7 @@ def test_evaluation_transform_of_a_flat_colour_is_its_normalized_value(tree):
     assert torch.equal(test.example(3), x[:3])
 
 
+@pytest.mark.slow
 def test_the_seed_and_epoch_fix_the_batches_whatever_the_worker_count_and_device(tree, device, monkeypatch):
     data = _load(tree)
     train, _ = _streams(data)
@@ -119,6 +120,7 @@ def test_the_seed_and_epoch_fix_the_batches_whatever_the_worker_count_and_device
     assert all(torch.equal(a[0], b[0].cpu()) and torch.equal(a[1], b[1].cpu()) for a, b in zip(first, two_workers))
 
 
+@pytest.mark.slow
 def test_each_epoch_crops_and_flips_an_image_anew(tmp_path):
     data = _load(_write_tree(tmp_path / "one", per_class=1))  # one image a class: a batch of 3 holds each once
 
@@ -144,6 +146,7 @@ def test_rank_slices_cover_every_global_batch_exactly(tree):
     assert _streams(data, rank=0, world=3)[0].smallest_part() == 0  # the last batch of 2 leaves rank 0 nothing
 
 
+@pytest.mark.slow
 def test_sample_and_subset_choose_files(tree):
     full = load_data(_config(tree).data)
     sample = load_data(_config(tree, "data.sample={train: 7, test: 3}").data)

@@ -27,10 +27,12 @@ FORMATS = {
     "float": (lambda x, r: formats.floating_point(x, 5, 10, r), (INF, -INF)),
     "float-saturate": (lambda x, r: formats.floating_point(x, 4, 3, r, saturate=True), (INF, -INF)),
 }
-MODES = [(r, f) for r in ("nearest", "stochastic") for f in (False, True)]
+# the fused kernels compile on first use: their half is in the slow tier
+MODES = [pytest.param((r, f), id=f"{r}-{'fused' if f else 'eager'}", marks=[pytest.mark.slow] if f else [])
+         for r in ("nearest", "stochastic") for f in (False, True)]
 
 
-@pytest.fixture(params=MODES, ids=[f"{r}-{'fused' if f else 'eager'}" for r, f in MODES])
+@pytest.fixture(params=MODES)
 def mode(request):
     rounding_mode, fused = request.param
     rounding.set_fused(fused)
@@ -59,6 +61,7 @@ def test_constant_tensors_stay_constant(name, value, mode):
 
 
 @pytest.mark.parametrize("name", [name for name in FORMATS if name != "range-codes"])  # codes hold no NaN
+@pytest.mark.slow
 def test_nan_stays_nan_and_leaves_the_rest_alone(name, mode):
     torch.manual_seed(0)
     x = torch.randn(4, 6) * 3
@@ -107,6 +110,7 @@ def test_dynamic_scale_is_exact_on_the_boundary_maxima(wl):
                 assert formats.dynamic_fixed_point_fl(x, wl).item() == _exact_scale(hi, lo, wl), (wl, k, value.item())
 
 
+@pytest.mark.slow
 def test_dynamic_scale_reproducers():
     assert formats.dynamic_fixed_point_fl(torch.tensor([32767.501953125]), 16).item() == -1  # one ulp above 32767.5
     out, s = formats.dynamic_fixed_point(torch.tensor([torch.finfo(torch.float32).max]), 24, "nearest")

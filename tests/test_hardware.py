@@ -123,6 +123,7 @@ def test_time_to_target_reads_the_first_epoch_that_reaches_it():
     assert to_target(history, 0.9, ["bit_serial"]) is None
 
 
+@pytest.mark.slow
 def test_every_run_reports_both_models_and_its_time_to_target(tmp_path):
     summary = run(make_config(*TINY, "method=float32", "hardware.target_acc=0.05"), tmp_path)
     models = summary["hardware"]["models"]
@@ -192,6 +193,7 @@ def _fig8_script():
     return module
 
 
+@pytest.mark.slow
 def test_dynasty_fig8_overheads_and_the_resnet18_step():
     fig8 = _fig8_script()
     # Fig. 8 and Sec. 5.2: 1 - reduction = time x (1 + overhead)

@@ -57,6 +57,7 @@ def _compose(*overrides):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
+@pytest.mark.slow
 def test_slurm_config_requeues_and_names_job_directories_as_a_local_sweep(monkeypatch):
     OmegaConf.register_new_resolver("qtrain.run_dir_name", run_dir_name, replace=True)  # the CLI registers it
     job = ["method=float32", "seed=1"]

@@ -57,6 +57,7 @@ def test_cifar_resnets_have_the_published_parameter_counts(name, n, bottleneck, 
         assert 1.65e6 < count < 1.75e6
 
 
+@pytest.mark.slow
 def test_resnet164_is_9n_plus_2_bottlenecks():
     model = build_model("resnet164", in_channels=3, num_classes=10, input_size=(32, 32))
     convs = [m for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and "shortcut" not in n]
@@ -103,6 +104,7 @@ def test_alexnet_rejects_mnist_sized_input():
         build_model("alexnet", in_channels=1, num_classes=10, input_size=(28, 28))
 
 
+@pytest.mark.slow
 def test_mobilenetv2_cifar_layout():
     model = build_model("mobilenetv2", in_channels=3, num_classes=100, input_size=(32, 32))
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
@@ -144,6 +146,7 @@ def test_imagenet_resnets_match_torchvision_in_both_forms(name, documented, size
         assert ours(torch.randn(1, 3, size, size)).shape == (1, classes)
 
 
+@pytest.mark.slow
 def test_resnet34_stages_and_feature_maps():
     model = build_model("resnet34", in_channels=3, num_classes=1000, input_size=(224, 224))
     assert [len(s) for s in (model.layer1, model.layer2, model.layer3, model.layer4)] == [3, 4, 6, 3]

@@ -142,6 +142,7 @@ def test_muppet_quantizes_weights_activations_and_gradients_at_the_word_length()
     assert method.precision()["fc"].options[0][1].gemm_fractions() == (64 / 1024, 256 / 1024, 256 / 1024)
 
 
+@pytest.mark.slow
 def test_muppet_switches_on_a_diversity_drop_and_decays_the_float32_rate():
     method, model = prepared("muppet", "method.schedule=[8,32]", "method.resolution=2", "method.patience=1",
                             "method.threshold.base=1.0", "method.threshold.scale=0.0", "method.diversity_input=weight_grads",
@@ -189,6 +190,7 @@ def test_muppet_switches_on_a_diversity_drop_and_decays_the_float32_rate():
     ("method.float32_lr.gamma=2", "method.float32_lr.gamma=2 is not allowed"),
     ("method.performance_model.same.epochs=0", "method.performance_model.same.epochs=0 is not allowed"),
 ])
+@pytest.mark.slow
 def test_bad_muppet_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
         build_method(make_config("method=muppet", override).method)
@@ -306,6 +308,7 @@ def test_reference_diversity_input_rounds_every_gradient_and_adds_weight_decay()
     assert metrics["diversity"] == pytest.approx(6.25 / 3.25, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_reference_diversity_input_is_rounded_at_the_word_length():
     # [127, 0.5] at 8 bits: scale 2^0, so 0.5 rounds to 0 or 1 (a, b), 127 stays. Diversity over [127, a] and
     # [-127, b]: (2 * 127^2 + a + b) / (a + b)^2 = inf, 32259 or 8065; unrounded it would be 32258.5.

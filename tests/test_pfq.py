@@ -118,6 +118,7 @@ def test_bad_precision_schedules_are_named(override, message):
         build_method(make_config("method=pfq", override).method)
 
 
+@pytest.mark.slow
 def test_pfq_trains_each_stage_at_its_bits_and_charges_them(tmp_path):
     overrides = ["method=pfq", "method.fw=[4,8]", "method.bw=[8,16]", "method.switch=manual", "method.manual_epochs=[1]",
                  "method.last_layer=quantized"]

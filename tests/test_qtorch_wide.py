@@ -38,6 +38,7 @@ def _off_ties(r: torch.Tensor, margin: float | torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("wl,fl", [(8, 4), (16, 8), (24, 12), (12, 0), (8, 7)])
 @pytest.mark.parametrize("clamp", [True, False])
+@pytest.mark.slow
 def test_fixed_point(wl, fl, clamp):
     x = log_uniform(seed=wl + fl)
     t = x.double() * 2.0**fl

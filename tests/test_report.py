@@ -181,6 +181,7 @@ def test_a_methods_configurations_in_one_figure_are_shades_and_styles_of_its_col
     assert all(a < b for a, b in zip(dynasty[0][0], purple)) and all(a > b for a, b in zip(dynasty[2][0], purple))
 
 
+@pytest.mark.slow
 def test_a_cell_matches_only_runs_with_its_setting(tmp_path):
     fake_run(tmp_path, "d2", "dynasty", [0.7], [1e10], method_keys={"target_bits": 2})
     assert run_frame(find_runs([tmp_path])).setting.tolist() == ["target_bits=2"]
@@ -231,6 +232,7 @@ def test_best_of_picks_the_best_fold(tmp_path):
         compare(find_runs([tmp_path]), "adapt_table2", aggregate="median")
 
 
+@pytest.mark.slow
 def test_adapts_drop_pairs_with_its_float32_run_of_another_weight_decay(tmp_path):
     # adapt_cifar keeps L2 in AdaPT's loss (weight decay 0), adapt_float32 in the optimizer (1e-4): one setup
     setup = {"model": "resnet20", "data": "cifar10", "train_keys": {"batch_size": 512}, "epochs": 100}
@@ -247,6 +249,7 @@ def _performance_model(su: float, printed: float, **sparsity: float) -> dict:
                                             "sparsity": sparsity}}}
 
 
+@pytest.mark.slow
 def test_su2_from_the_adapt_run_and_its_float32_baseline(tmp_path):
     # AdaPT reaches float32's 89.5 % in its 3rd of 4 epochs: SU2 = SU1 / (3 / 4), each reading
     train = {"batch_size": 512, "accum_steps": 4}
@@ -518,6 +521,7 @@ def test_a_runs_scale_is_read_from_its_command_line(tmp_path):
     assert (scales[recorded], scales[unrecorded], scales[stand_in], scales[damaged]) == ("mini", "paper", "smoke", "paper")
 
 
+@pytest.mark.slow
 def test_cells_without_a_run_are_listed_by_why_and_by_command(tmp_path):
     _table3_mini(tmp_path)
     _, missing = compare(find_runs([tmp_path]), "fractrain_table3")
@@ -543,6 +547,7 @@ def test_cells_without_a_run_are_listed_by_why_and_by_command(tmp_path):
     assert "  - WAGEUBN is not a qtrain method: ResNet-38 CIFAR-10 / WAGEUBN / FW-8 / BW-8 (4 cells);" in shown
 
 
+@pytest.mark.slow
 def test_why_and_commands_for_cells_of_other_tables():
     dynasty = load_table("dynasty_table1").set_index(["row", "column"], drop=False)
     cell = dynasty.loc[("CIFAR-100 / DYNASTY / 2", "Top 1 Validation Accuracy (%)")]
@@ -785,6 +790,7 @@ def test_one_identity_in_two_directories_is_counted_once(tmp_path):
     assert "1 more directory holds a run counted once above" in text
 
 
+@pytest.mark.slow
 def test_report_help_does_not_load_torch():
     code = "import sys, qtrain.report.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -799,6 +805,7 @@ def _table5_adaptation_on_cifar10(root: Path) -> None:
     fake_run(root, "ft", "fractrain", [0.75, 0.78, 0.77], [1e11, 2e11, 3e11], **common)
 
 
+@pytest.mark.slow
 def test_runs_on_a_stand_in_dataset_match_a_papers_cells_only_when_named(tmp_path):
     _table5_adaptation_on_cifar10(tmp_path)
     comparison, _ = compare(find_runs([tmp_path]), "fractrain_table5")

@@ -1,7 +1,7 @@
-"""The hashed uniform source and the rounding: distribution, reproducibility, exactness, fused == eager."""
+"""The hashed uniform source and the rounding: distribution, reproducibility, exactness, the per-kernel compile
+fallback (fused == eager bit for bit: test_fused.py)."""
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -116,6 +116,7 @@ def test_uniform_at_large_indices_is_uniform(base):
 
 
 @pytest.mark.parametrize("offset", [1 << 32, 1 << 33, 1 << 40])
+@pytest.mark.slow
 def test_indices_two_to_the_32_apart_are_uncorrelated(offset):
     key = _key()
     index = torch.arange(N, dtype=torch.int64) + (1 << 20)
@@ -209,74 +210,6 @@ def test_probability_of_rounding_up_is_the_fraction(name, quantize, x, lower, up
     assert torch.all((out == lower) | (out == upper))
     p_up = (out == upper).double().mean().item()
     assert abs(p_up - p) <= 5 * math.sqrt(p * (1 - p) / n) + 2.0**-24
-
-
-def test_fused_64_bit_index_path_matches_eager():
-    index = torch.arange(N, dtype=torch.int64) + (1 << 40) - (1 << 19)
-    key = _key()
-    eager = rounding.uniform_at(index, key)
-    rounding.set_fused(True)
-    assert torch.equal(rounding.fused(rounding.uniform_at)(index, key), eager)
-
-
-# --- every format: the fused kernels give the eager results bit for bit ---------------------------
-
-def _edge_data() -> torch.Tensor:
-    torch.manual_seed(5)
-    x = torch.randn(6, 5, 7, 3) * torch.exp2(torch.randint(-140, 120, (6, 1, 1, 1)).float())
-    x[1] = 7.25  # a constant row
-    x[2, 0, :3, 0] = torch.tensor([float("nan"), float("inf"), -float("inf")])
-    x[3, 1, :3, 1] = torch.tensor([0.0, -0.0, 2.0**-149])
-    return x
-
-
-FORMAT_CALLS = {
-    "fixed": lambda x, r: formats.fixed_point(x, 8, 4, r),
-    "fixed-noclamp": lambda x, r: formats.fixed_point(x, 16, 10, r, symmetric=True, clamp=False),
-    "fixed-mask": lambda x, r: formats.fixed_point_with_mask(x, 6, 2, r),
-    "range": lambda x, r: formats.range_linear(x, 8, torch.full((1, 1), -2.0, device=x.device),
-                                               torch.full((1, 1), 3.0, device=x.device), r),
-    "range-tensor": lambda x, r: formats.range_linear_from_data(x, 8, "tensor", r),
-    "range-channel": lambda x, r: formats.range_linear_from_data(x, 4, "channel", r),
-    "range-codes": lambda x, r: formats.range_linear_codes(x, 8, "sample_mean", r),
-    "decode": lambda x, r: formats.decode_codes(formats.range_linear_codes(x, 12, "channel", r)[3], x.shape),
-    "block": lambda x, r: formats.block_floating_point(x, 8, r),
-    "block-tiles": lambda x, r: formats.block_floating_point(x, 6, r, block=4, dims=(1, 2)),
-    "block-dim": lambda x, r: formats.block_floating_point(x, 10, r, dim=2),
-    "float-e5m10": lambda x, r: formats.floating_point(x, 5, 10, r),
-    "float-e4m3-sat": lambda x, r: formats.floating_point(x, 4, 3, r, saturate=True),
-    "float-e8m23": lambda x, r: formats.floating_point(x, 8, 23, r),
-}
-
-
-def _flat(result) -> list[torch.Tensor]:
-    parts = result if isinstance(result, tuple) else (result,)
-    out = []
-    for part in parts:
-        out.extend(_flat(part) if isinstance(part, tuple) else [part])
-    return out
-
-
-@pytest.mark.parametrize("name", FORMAT_CALLS)
-@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
-@pytest.mark.slow
-def test_fused_kernels_match_eager_bit_for_bit(name, mode, device):
-    x = _edge_data().to(device)
-    results = []
-    for fused in (False, True):
-        rounding.set_fused(fused)
-        torch.manual_seed(7)
-        with warnings.catch_warnings():
-            # a compile failure falls back to eager with this warning (other warnings of a first compile pass)
-            warnings.filterwarnings("error", message="torch.compile failed")
-            results.append(_flat(FORMAT_CALLS[name](x, mode)))
-    for eager, fused in zip(*results):
-        assert eager.dtype == fused.dtype and eager.shape == fused.shape
-        if eager.dtype == torch.float32:  # bit for bit, but any NaN equals any NaN (payloads carry nothing)
-            nan = eager.isnan()
-            assert torch.equal(nan, fused.isnan())
-            eager, fused = eager.view(torch.int32)[~nan], fused.view(torch.int32)[~nan]
-        assert torch.equal(eager, fused)
 
 
 def test_device_constants_are_made_once_and_keys_follow_the_cpu_generator():

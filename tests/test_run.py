@@ -56,6 +56,7 @@ def test_sbm_run_writes_every_result_file(tmp_path):
     assert cost["effective_macs"].sum() == pytest.approx(2 * 256 * 3 * cost["macs_per_sample"].sum() / 16)
 
 
+@pytest.mark.slow
 def test_float32_costs_100_percent_and_learns(tmp_path):
     summary = run(make_config(*TINY, "method=float32", "train.epochs=3"), tmp_path)
     assert summary["cost"]["percent_of_float32"] == pytest.approx(100.0)
@@ -178,6 +179,7 @@ def test_finished_run_is_reused_only_for_the_same_identity(tmp_path):
     assert forced["config"]["optim"]["lr"] == 0.05
 
 
+@pytest.mark.slow
 def test_identity_leaves_out_only_force_and_progress(tmp_path):
     base = identity(make_config(*TINY))
     assert "force" not in base and "progress" not in base
@@ -201,6 +203,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_cannot_train_into_a_locked_directory(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -240,6 +243,7 @@ def test_checkpoints_hold_plain_tensors_and_values_only(tmp_path, method):
     ("data.n_train=0", "data.n_train=0 is not allowed: it must be an integer >= 1"),
     ("sched.min_lr=-1", "sched.min_lr=-1 is not allowed: it must be a finite number >= 0"),
 ])
+@pytest.mark.slow
 def test_bad_values_are_one_line_config_errors(tmp_path, monkeypatch, override, message):
     def no_data(cfg):
         raise AssertionError("data loaded before the config was checked")
@@ -256,6 +260,7 @@ def test_too_small_input_is_named(tmp_path):
         run(make_config(*TINY, "model=alexnet"), tmp_path)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
     # AlexNet has no batch norm, so two accumulated half-batches give the gradient of the whole batch
     common = ["data=synthetic", "data.size=32", "data.n_train=128", "model=alexnet", "method=float32",
@@ -298,18 +303,6 @@ def test_a_run_can_start_from_a_finished_float32_run(tmp_path):
     assert start["final"]["train_loss"] < scratch["final"]["train_loss"]
 
 
-@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty"])
-@pytest.mark.slow
-def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
-    # fused stays part of a run's identity (another kernel, another run); its results must not differ
-    overrides = [*TINY, f"method={method}", "train.epochs=1"]
-    run(make_config(*overrides, "fused=true"), tmp_path / "fused")
-    run(make_config(*overrides), tmp_path / "eager")
-    pd.testing.assert_frame_equal(_metrics(tmp_path / "fused"), _metrics(tmp_path / "eager"), check_exact=True)
-    fused, eager = (torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"] for name in ("fused", "eager"))
-    assert fused.keys() == eager.keys() and all(torch.equal(fused[k], eager[k]) for k in fused)
-
-
 def test_every_json_file_parses_strictly(tmp_path):
     from qtrain.results import strict_json
 
@@ -320,6 +313,7 @@ def test_every_json_file_parses_strictly(tmp_path):
         json.loads(path.read_text(), parse_constant=_not_json)
 
 
+@pytest.mark.slow
 def test_the_python_release_is_part_of_a_text_run_identity(monkeypatch):
     import platform
 

@@ -74,6 +74,7 @@ def test_running_range_weighs_its_old_value_by_the_momentum():
     assert act.running_range.tolist() == pytest.approx([0.9 * lo[0] + 0.1 * lo[1], 0.9 * hi[0] + 0.1 * hi[1]])
 
 
+@pytest.mark.slow
 def test_evaluation_uses_the_running_activation_range():
     _, model = prepared("sbm", "method.act_momentum=0.5")
     act = model.layer1[0].conv1.quant.act

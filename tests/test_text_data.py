@@ -164,6 +164,7 @@ def test_bad_text_options_are_refused_before_any_work(tmp_path, dataset, overrid
     assert str(err.value).startswith(message)
 
 
+@pytest.mark.slow
 def test_file_corpora_need_their_root_and_smoke_scale_stands_in_the_embedded_text(tmp_path, monkeypatch):
     for name in ("wikitext2", "wikitext103", "corpus"):
         with pytest.raises(ConfigError, match=f"data.root is not set: .* the {name} files"):
@@ -212,6 +213,7 @@ def test_embedded_corpus_is_pythons_documentation_split_by_topic_and_cached(tmp_
     assert again.test.tolist() == [data.vocab.index("the")] * 2 + [1] and torch.equal(again.train, data.train)
 
 
+@pytest.mark.slow
 def test_embedded_corpus_is_rebuilt_where_incomplete_and_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("QTRAIN_CACHE", str(tmp_path))
     folder = cache_dir() / f"python-{platform.python_version()}"

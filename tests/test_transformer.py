@@ -178,6 +178,7 @@ def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, meth
     assert (scores.percent_of_float32 < 100) == attention_quantized
 
 
+@pytest.mark.slow
 def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_line_says_otherwise():
     from omegaconf import OmegaConf
 
@@ -229,6 +230,7 @@ def test_a_run_states_the_layers_it_keeps_in_float32_and_their_share_of_the_cost
     assert lines == ([f"float32 layers (method {method}): head: {100 * share:.1f}% of float32's cost"] if kept else [])
 
 
+@pytest.mark.slow
 def test_a_character_level_corpus_reports_bits_per_character_and_a_word_level_one_does_not(tmp_path, caplog):
     from qtrain.run import run
 
