@@ -24,6 +24,7 @@ import argparse
 import ast
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,21 @@ def last_line(*texts: str | bytes | None) -> str:
     return "no output"
 
 
+def run_child(command: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)`` in the checkout, in a process group of its own:
+    past ``timeout`` the whole group is killed (a pytest's or a run's own children too, which would otherwise hold
+    the output pipes open and the check with them) and TimeoutExpired carries what it printed."""
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr) from None
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
 def device_test_files() -> list[Path]:
     """The test files with a test that takes the ``device`` fixture or is marked ``cuda`` (the CUDA tests live there)."""
     files = []
@@ -104,8 +120,7 @@ def train(method: str, device: str, out: Path, fused: bool, deadline: float) -> 
     command = [sys.executable, "-m", "qtrain.cli", *RUN, f"method={method}", f"device={device}",
                f"fused={str(fused).lower()}", "force=true", f"hydra.run.dir={run_dir}"]
     threads = max(1, min(4, (os.cpu_count() or 1) // (2 * RUN_PAIRS)))
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=_left(deadline), cwd=ROOT,
-                          env=child_env(threads))
+    proc = run_child(command, _left(deadline), child_env(threads))
     if proc.returncode:
         raise RuntimeError(f"{device} run, exit {proc.returncode}: {last_line(proc.stderr, proc.stdout)}")
     return _run_dir_metrics(run_dir)
@@ -141,8 +156,7 @@ def run_tests(device: str) -> tuple[bool, str]:
     command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
                *map(str, device_test_files())]
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S["tests"],
-                              env=child_env())
+        proc = run_child(command, TIMEOUT_S["tests"], child_env())
     except subprocess.TimeoutExpired as err:
         return False, f"ran past {TIMEOUT_S['tests']} s; its last line: {last_line(err.stdout)}"
     last = last_line(proc.stdout)
@@ -155,8 +169,7 @@ def run_bench(device: str) -> tuple[bool, str, str]:
     """The speed benchmark on ``device``: whether it ran, its targets met and missed, and its printout."""
     command = [sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--device", device, "--rounds", "1",
                "--no-qtorch"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S["bench"], cwd=ROOT,
-                          env=child_env())
+    proc = run_child(command, TIMEOUT_S["bench"], child_env())
     text = proc.stdout + (proc.stderr if proc.returncode else "")
     verdicts = [line.split()[3] for line in proc.stdout.splitlines() if len(line.split()) == 7]
     return proc.returncode == 0, f"targets met {verdicts.count('met')}, missed {verdicts.count('missed')}", text

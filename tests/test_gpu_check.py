@@ -4,6 +4,7 @@ comparison fails what it should, and without CUDA the check refuses in one line.
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -71,3 +72,16 @@ def test_the_cuda_tests_all_lie_in_the_files_the_check_collects():
     files = {path.name for path in gpu_check.device_test_files()}
     assert ids and {node.split("::")[0].split("/")[-1] for node in ids} <= files
     assert "test_fixed_format.py" not in files  # imports qtorch at the top
+
+
+def test_a_timed_out_child_is_killed_with_its_children_and_its_output_kept():
+    # the child prints, then waits on a grandchild that holds the output pipe for a minute
+    code = ("import subprocess, sys; print('started', flush=True); "
+            "subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])")
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        gpu_check.run_child([sys.executable, "-c", code], timeout=2, env=gpu_check.child_env())
+    assert time.monotonic() - started < 20
+    assert gpu_check.last_line(caught.value.stdout) == "started"
+    done = gpu_check.run_child([sys.executable, "-c", "print('ok')"], timeout=30, env=gpu_check.child_env())
+    assert (done.returncode, done.stdout) == (0, "ok\n")
