@@ -21,12 +21,12 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from qtrain.cli import conf_dir
 from qtrain.report.cli import latex, main, report
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
 from qtrain.report.plots import _average_bits, by_config, config_label, config_style, method_colour, write_plots
 from qtrain.report.runs import ReportError, find_runs
 from qtrain.report.tables import display_frame, run_frame, summary_frame
+from qtrain.resources import conf_dir
 
 from .conftest import TINY, run_cli
 
@@ -785,8 +785,10 @@ def test_one_identity_in_two_directories_is_counted_once(tmp_path):
     assert "1 more directory holds a run counted once above" in text
 
 
-def test_report_help_does_not_load_torch():
-    code = "import sys, qtrain.report.cli; assert 'torch' not in sys.modules, 'torch imported'"
+def test_report_loads_neither_torch_nor_the_qtrain_command():
+    code = ("import sys; from qtrain.report import cli, paper, plots, tables; "  # each one's config-tree lookups too
+            "tables._method_defaults('sbm', 'mini'), paper.header_commands('fractrain_table3'), plots._configured_options(); "
+            "loaded = {'torch', 'qtrain.cli'} & set(sys.modules); assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 
 from qtrain.report.runs import Run
 from qtrain.report.tables import HARDWARE, run_frame, setting
+from qtrain.resources import conf_dir
 
 METHODS = ("float32", "sbm", "muppet", "adapt", "dynasty", "pfq", "dfq", "fractrain")
 _PALETTE = colormaps["tab10"].colors
@@ -92,8 +93,6 @@ def seed_marker(i: int) -> str:
 @cache
 def _configured_options() -> tuple[tuple[float, float], ...]:
     """Every FW/BW option of the models' DFQ/FracTrain option lists (conf/model/*.yaml), skipping (0/0) aside."""
-    from qtrain.cli import conf_dir
-
     found = set()
     for path in (conf_dir() / "model").glob("*.yaml"):
         options = OmegaConf.load(path).get("dfq_options")

@@ -23,6 +23,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from qtrain.report.runs import ReportError, Run, flatten
+from qtrain.resources import conf_dir
 
 # Keys that never make two runs different configurations (seeds and folds are aggregated; paths and plumbing
 # change nothing).
@@ -43,8 +44,6 @@ LABELS = {
 @cache
 def _method_defaults(name: str, scale: str) -> dict[str, Any]:
     """The method's config file, with what the scale's file for the method sets (config.yaml's defaults list)."""
-    from qtrain.cli import conf_dir
-
     paths = (conf_dir() / "method" / f"{name}.yaml", conf_dir() / "scale" / "method" / f"{scale}_{name}.yaml")
     found = [OmegaConf.load(path) for path in paths if path.is_file()]
     return flatten(OmegaConf.to_container(OmegaConf.merge(*found))) if found else {}
