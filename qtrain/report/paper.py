@@ -48,6 +48,7 @@ from typing import Any
 import pandas as pd
 
 from qtrain import resources
+from qtrain.catalog import GATED
 from qtrain.report.runs import ReportError, Run
 from qtrain.report.tables import AGGREGATES, figure, run_frame, score
 
@@ -461,9 +462,6 @@ def _not_produced(cell: pd.Series) -> str | None:
         return (f"{cell.method} gates residual blocks with the model's precision options, and conf/model/{cell.model}.yaml "
                 "has none (dfq_options: null)")
     return None
-
-
-GATED = ("dfq", "fractrain")
 
 
 @cache

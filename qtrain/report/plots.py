@@ -34,13 +34,12 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from qtrain.catalog import ALLOCATING, HARDWARE, METHOD_NAMES
 from qtrain.report.runs import Run
-from qtrain.report.tables import HARDWARE, run_frame, setting
+from qtrain.report.tables import run_frame, setting
 from qtrain.resources import conf_dir
 
-METHODS = ("float32", "sbm", "muppet", "adapt", "dynasty", "pfq", "dfq", "fractrain")
 _PALETTE = colormaps["tab10"].colors
-ALLOCATING = ("dynasty", "dfq", "fractrain")
 OPERANDS = (("weight_bits", "weight"), ("act_bits", "activation"), ("grad_bits", "gradient"),
             ("grad_weight_bits", "weight-gradient"))
 
@@ -68,7 +67,7 @@ def groups(runs: list[Run]) -> list[Group]:
 
 def method_colour(method: str) -> tuple[float, float, float]:
     """The colour of ``method`` in every figure (a method qtrain does not know gets grey)."""
-    return _PALETTE[METHODS.index(method)] if method in METHODS else (0.5, 0.5, 0.5)
+    return _PALETTE[METHOD_NAMES.index(method)] if method in METHOD_NAMES else (0.5, 0.5, 0.5)
 
 
 def config_label(run: Run, peers: list[Run]) -> str:
