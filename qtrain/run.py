@@ -47,6 +47,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
+from qtrain.checkpoint import Checkpoint, rng_state
 from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, to_target
 from qtrain.data import DATASETS, data_task, load_data
@@ -80,30 +81,6 @@ def _device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda is not allowed here: no CUDA device is available (choose from: auto, cpu)")
     return torch.device(name)
-
-
-def _rng_state() -> dict[str, Any]:
-    """The RNG states as tensors and plain values (a checkpoint loads with ``weights_only=True``)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def float32_kernels() -> None:
@@ -395,19 +372,11 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     )
     trainer.step_schedule = build_step_schedule(cfg.sched, optimizer,
                                                 -(-len(trainer.train_batches) // cfg.train.accum_steps))
+    saver = Checkpoint(identity(cfg), device, model, optimizer, scheduler, trainer.step_schedule, method, meter)
     precision_log: list[dict] = []
 
     if checkpoint is not None:
-        method.load_state_dict(checkpoint["method"])  # first: a method's stage may decide which quantizers the model holds
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        if trainer.step_schedule is not None:
-            trainer.step_schedule.load_state_dict(checkpoint["step_schedule"])
-        meter.load_state_dict(checkpoint["meter"])
-        trainer.progress = Progress(**checkpoint["progress"])
-        precision_log = checkpoint["precision_log"]
-        _set_rng_state(checkpoint["rank_rng"][rank] if distributed.active() else checkpoint["rng"])
+        trainer.progress, precision_log = saver.restore(checkpoint)
         log.info("resuming %s after epoch %d", files.dir, trainer.progress.epoch)
     elif rank:
         seed_everything(cfg.seed + 1_000_003 * rank)  # rank 0 keeps the one-process stream
@@ -420,25 +389,18 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     if writer:
         files.write_config(cfg, overrides)
     layers = gemm_layers(model)
-    ident = identity(cfg)
 
     def end_epoch(progress: Progress) -> None:
         precision_log.extend(method.drain_switch_rows())
         precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers,
                                             method.layer_columns()))
-        rank_rngs = distributed.all_gather(_rng_state()) if distributed.active() else None
+        rank_rngs = distributed.all_gather(rng_state()) if distributed.active() else None
         if not writer:
             return
         files.write_table(METRICS, pd.DataFrame(progress.history))
         files.write_table(PRECISION, pd.DataFrame(precision_log))
         files.write_table(COST, meter.table())
-        files.save_checkpoint({
-            "identity": ident, "device_type": device.type, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "method": method.state_dict(),
-            "step_schedule": trainer.step_schedule.state_dict() if trainer.step_schedule is not None else None,
-            "meter": meter.state_dict(), "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
-            **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
-        })
+        saver.save(files, progress, precision_log, rank_rngs)
         row = progress.history[-1]
         shown = [data.task.score.removeprefix("test_"), *(["bpc"] if data.task.per_character else [])]
         train, test = ("  ".join(f"{name} {row[f'{split}_{name}']:.4f}" for name in shown) for split in ("train", "test"))
