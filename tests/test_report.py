@@ -451,6 +451,43 @@ def test_paper_plots_keep_to_one_unit_an_axis():
     assert [line.get_label() for line in axes.get_lines()][1::2] == ["DFQ mini", "DFQ smoke"]
 
 
+def _two_settings() -> pd.DataFrame:
+    """FracTrain Table 5's comparable view at a reduced scale: adaptation and fine-tuning, each its own runs, and the
+    "Improv." row that restates FracTrain's figures against SBM."""
+
+    def cell(row, column, metric, paper, ours, config):
+        figure = "difference to SBM" if "acc" in metric else "% saved against SBM"
+        return {"row": row, "column": column, "metric": metric, "figure": figure, "scale": "mini", "config": config,
+                "paper": paper, "ours": ours, "ours_std": math.nan}
+
+    cells = []
+    for setting, config, (acc, saved) in (("Adaptation", "data.subset.by=classes", (-5.8, 39.0)),
+                                          ("Fine-tuning", "data.subset.by=samples", (-1.85, 23.1))):
+        cells += [cell("FracTrain", f"{setting} / Acc (%)", "best_test_acc", 0.08, acc, config),
+                  cell("FracTrain", f"{setting} / MACs", "effective_macs_at_best", 68.67, saved, config),
+                  cell("FracTrain Improv.", f"{setting} / Acc (%)", "acc_delta_vs_sbm", 0.08, acc, config),
+                  cell("FracTrain Improv.", f"{setting} / MACs", "savings_vs_sbm_percent", 68.7, saved, config)]
+    return pd.DataFrame(cells)
+
+
+def test_paper_accuracy_cost_axes_name_what_every_setting_shares():
+    from qtrain.report.plots import paper_accuracy_cost_figure
+
+    (axes,) = paper_accuracy_cost_figure(_two_settings(), "t").axes
+    assert (axes.get_xlabel(), axes.get_ylabel()) == ("MACs: % saved against SBM", "Acc (%): difference to SBM")
+    assert [line.get_label() for line in axes.get_lines()][1::2][:2] == [  # the legend names each point's setting
+        "FracTrain / Adaptation data.subset.by=classes", "FracTrain / Fine-tuning data.subset.by=samples"]
+
+
+def test_paper_accuracy_cost_draws_a_restated_row_once():
+    from qtrain.report.plots import paper_accuracy_cost_figure
+
+    (axes,) = paper_accuracy_cost_figure(_two_settings(), "t").axes
+    ours = [line for line in axes.get_lines()][1::2]  # "Improv.": FracTrain's point again, not drawn over it
+    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in ours] == [(39.0, -5.8), (23.1, -1.85)]
+    assert all(line.get_label().startswith("FracTrain /") for line in ours)
+
+
 @pytest.mark.slow
 def test_fractrain_table1_measures_each_row_against_the_sbm_run_it_implies(tmp_path):
     # the table prints no SBM cell: each row's implied one (Acc - dAcc, MACs / (1 - saving)) names SBM at its last BW
