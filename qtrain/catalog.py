@@ -23,6 +23,7 @@ METHODS = (MethodFacts("float32"), MethodFacts("sbm"), MethodFacts("muppet"), Me
 METHOD_NAMES = tuple(method.name for method in METHODS)
 ALLOCATING = tuple(method.name for method in METHODS if method.allocating)
 GATED = tuple(method.name for method in METHODS if method.gated)
+GATE_OPTIONS = "model.dfq_options"  # the FW/BW options of the gated methods: no other method reads the key
 
 # (name, label): the name keys each model's figures in summary.json and metrics.csv (``bit_serial_seconds``)
 HARDWARE = (("bit_serial", "bit-serial"), ("bitfusion", "BitFusion"))

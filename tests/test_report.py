@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from qtrain.report.cli import latex, main, report
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
-from qtrain.report.plots import _average_bits, by_config, config_label, config_style, method_colour, write_plots
+from qtrain.report.plots import _average_bits, by_config, config_label, config_style, groups, method_colour, write_plots
 from qtrain.report.runs import ReportError, find_runs
 from qtrain.report.tables import display_frame, run_frame, summary_frame
 from qtrain.resources import conf_dir
@@ -42,7 +42,8 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
              method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
              precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None,
-             optim_keys: dict | None = None, scale: str | None = None, float32_share: float = 0.0) -> Path:
+             optim_keys: dict | None = None, scale: str | None = None, float32_share: float = 0.0,
+             model_keys: dict | None = None) -> Path:
     """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None;
     ``scale`` on its recorded command line (``.hydra/overrides.yaml``); ``float32_share`` of its cost in float32
     layers."""
@@ -51,7 +52,7 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
     if scale is not None:
         (run_dir / ".hydra").mkdir()
         (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(["method=" + method, f"scale={scale}"]))
-    config = {"method": _group("method", method, **(method_keys or {})), "model": _group("model", model),
+    config = {"method": _group("method", method, **(method_keys or {})), "model": _group("model", model, **(model_keys or {})),
               "data": {"name": data, **(data_keys or {})}, "seed": seed,
               "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}, "optim": optim_keys or {}}
     metrics = pd.DataFrame({"epoch": range(1, len(accs) + 1), "test_acc": accs, "train_loss": [2.0 - a for a in accs],
@@ -449,6 +450,21 @@ def test_paper_plots_keep_to_one_unit_an_axis():
                              for scale, ours in (("mini", 49.0), ("smoke", 30.0))])
     (axes,) = paper_accuracy_cost_figure(scales, "t").axes
     assert [line.get_label() for line in axes.get_lines()][1::2] == ["DFQ mini", "DFQ smoke"]
+
+
+def test_runs_of_methods_that_do_not_read_the_gate_options_are_not_told_apart_by_them(tmp_path):
+    # model.dfq_options is read by the gated methods only (DFQ, FracTrain): two float32 pre-trainings that differ in
+    # it alone are one configuration, and its value, the same for every gated run, names no run's config
+    common = {"model": "resnet38", "data": "cifar10", "scale": "mini"}
+    for name, options in (("f-a", [[0, 0], [2, 6]]), ("f-b", [[0, 0], [4, 6]])):
+        fake_run(tmp_path, name, "float32", [0.6], [1e12], model_keys={"dfq_options": options}, **common)
+    for name, method in (("d", "dfq"), ("t", "fractrain")):
+        fake_run(tmp_path, name, method, [0.5], [5e11], model_keys={"dfq_options": [[0, 0], [6, 8]]}, **common)
+    runs = find_runs([tmp_path])
+    table = summary_frame(run_frame(runs))
+    assert list(table.config) == ["", "", ""] and table.set_index("method").runs.to_dict() == {
+        "float32": 2, "dfq": 1, "fractrain": 1}
+    assert {group.title for group in groups(runs)} == {"resnet38 on cifar10 at mini scale"}  # one figure, no key in it
 
 
 def _two_settings() -> pd.DataFrame:

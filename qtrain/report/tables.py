@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from qtrain.catalog import HARDWARE
+from qtrain.catalog import GATE_OPTIONS, GATED, HARDWARE
 from qtrain.report.runs import ReportError, Run, flatten
 from qtrain.resources import conf_dir
 
@@ -85,10 +85,15 @@ def figure(run: Run, name: str) -> float | None:
     return totals[unit] if totals else run.last(name)
 
 
+def _reads(run: Run, key: str) -> bool:
+    """Whether the run's method reads config key ``key`` (the gate options only the gated methods read)."""
+    return key != GATE_OPTIONS or run.method in GATED
+
+
 def _differing(runs: list[Run], wanted: Callable[[str], bool]) -> list[str]:
-    """The config keys (dotted, those ``wanted``) whose values differ between ``runs``."""
+    """The config keys (dotted, those ``wanted``) whose values differ between the ``runs`` that read them."""
     keys = set().union(*(run.flat_config for run in runs))
-    return sorted(k for k in keys if wanted(k) and len({_text(run.get(k)) for run in runs}) > 1)
+    return sorted(k for k in keys if wanted(k) and len({_text(run.get(k)) for run in runs if _reads(run, k)}) > 1)
 
 
 def _varying(runs: list[Run]) -> dict[str, list[str]]:
@@ -110,7 +115,7 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
         keys = varying["/".join((run.model, run.data, run.scale))]
         rows.append({
             "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run, runs),
-            "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None),
+            "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k)),
             "seed": run.seed, "fold": run.get("data.fold"), "status": run.status,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
         })
