@@ -4,7 +4,8 @@ A row's configuration is its method, model and data, its scale (``paper``, ``min
 (the method's keys that differ from ``conf/method/<name>.yaml`` as the run's scale amends it in
 ``conf/scale/method/<scale>_<name>.yaml``, or between the report's runs of the method, so a sweep names its
 default value too) and its *config* (any other key that differs between the report's runs of the same model, data
-and scale, such as epochs or lr). What a scale file sets is the scale's, shown once as the scale, not as a run's
+and scale, such as epochs or lr; ``model.dfq_options`` only among the runs of the methods that read it, DFQ and
+FracTrain). What a scale file sets is the scale's, shown once as the scale, not as a run's
 setting or config unless another run of the report sets it otherwise. Runs that differ only in ``seed`` or in
 their cross-validation fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default),
 or the figures of the row's best run, the one of the highest final test accuracy (lowest perplexity)
