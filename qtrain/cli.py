@@ -39,17 +39,9 @@ from qtrain import distributed
 from qtrain.config import GROUPS, check_command_line, group_options, run_dir_name, sweep_size, swept_keys, validate
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.launch import job_tag, job_threads, machine_cores, tag_log_lines, use_threads
+from qtrain.resources import conf_dir
 
 _new_dirs: list[Path] = []  # the folders of this single run's directory that did not exist before it
-
-
-def conf_dir() -> Path:
-    """The config tree: installed inside the package, or ``conf/`` beside it in a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise FileNotFoundError(f"qtrain's config tree (conf/config.yaml) is missing beside {here}")
 
 
 def config_groups(configs: Path) -> str:

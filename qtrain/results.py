@@ -37,7 +37,7 @@ METRICS, PRECISION, COST, SUMMARY, CHECKPOINT = "metrics.csv", "precision.csv", 
 HYDRA_DIR, LOCK = ".hydra", ".qtrain.lock"
 TMP_SUFFIX = ".tmp"
 STATUSES = ("completed", "diverged", "failed")  # a summary's status
-# What every checkpoint holds (run.py writes them all; rank_rng only under torchrun).
+# What every checkpoint holds (qtrain.checkpoint.Checkpoint writes them all; rank_rng only under torchrun).
 CHECKPOINT_KEYS = ("identity", "device_type", "model", "optimizer", "scheduler", "method", "step_schedule", "meter",
                    "progress", "precision_log", "rng")
 

@@ -45,12 +45,14 @@ import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from qtrain import distributed
+from qtrain.checkpoint import Checkpoint, rng_state
 from qtrain.config import digest, first_difference, identity, validate
 from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, to_target
 from qtrain.data import DATASETS, data_task, load_data
-from qtrain.data.base import Periods
+from qtrain.data.base import Periods, Stream
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
 from qtrain.models import MODELS, build_model, check_model_config, model_task
@@ -58,6 +60,7 @@ from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
 from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles, check_writable
+from qtrain.task import Task
 from qtrain.train import Diverged, Progress, Trainer
 
 log = logging.getLogger(__name__)
@@ -80,30 +83,6 @@ def _device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda is not allowed here: no CUDA device is available (choose from: auto, cpu)")
     return torch.device(name)
-
-
-def _rng_state() -> dict[str, Any]:
-    """The RNG states as tensors and plain values (a checkpoint loads with ``weights_only=True``)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def float32_kernels() -> None:
@@ -359,12 +338,36 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
            overrides: list[str]) -> dict[str, Any]:
     seed_everything(cfg.seed)
     set_fused(cfg.fused)
-    device, method = plan.device, plan.method
     data = load_data(cfg.data)
-    inputs = data.model_inputs()
     sizes = data_sizes(data)
     log.info("data %s: %s", cfg.data.name, ", ".join(f"{key} {value}" for key, value in sizes.items()))
-    model = build_model(cfg.model.name, cfg.model, **inputs).to(device)
+    model = _model(cfg, plan, data.model_inputs())
+    train_batches, test_batches = _streams(cfg, data, plan.device)
+    sample = train_batches.example(2)
+    meter = CostMeter(plan.method.profile(model, sample), plan.method.operand_sizes(model, sample))
+    optimizer = build_optimizer(cfg.optim, model)
+    scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
+    plan.method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, train_batches.samples,
+                                           -(-cfg.train.batch_size // distributed.world_size())))
+    step_schedule = build_step_schedule(cfg.sched, optimizer, -(-len(train_batches) // cfg.train.accum_steps))
+    saver = Checkpoint(identity(cfg), plan.device, model, optimizer, scheduler, step_schedule, plan.method, meter)
+    progress, precision_log = _resume(cfg, files, saver, checkpoint)
+    trainer = Trainer(
+        model=distributed.wrap(model, plan.device, plan.method.skips_layers), method=plan.method, optimizer=optimizer,
+        scheduler=scheduler, meter=meter, train_batches=train_batches, test_batches=test_batches, task=data.task,
+        epochs=cfg.train.epochs, accum_steps=cfg.train.accum_steps, show_progress=cfg.progress and distributed.is_writer(),
+        step_schedule=step_schedule, progress=progress,
+    )
+    if distributed.is_writer():
+        _log_float32_layers(cfg, meter, plan.method)
+        files.write_config(cfg, overrides)
+    end_epoch = _EpochEnd(cfg, files, trainer, saver, gemm_layers(model), precision_log)
+    return _fit(cfg, files, trainer, end_epoch, plan.device, sizes)
+
+
+def _model(cfg: DictConfig, plan: Preflight, inputs: dict[str, Any]) -> nn.Module:
+    """The model on the run's device, with ``train.init_from``'s weights where given, prepared by the method."""
+    model = build_model(cfg.model.name, cfg.model, **inputs).to(plan.device)
     if plan.initial is not None:
         ours = model.state_dict()
         if plan.initial.keys() != ours.keys() or any(plan.initial[k].shape != ours[k].shape for k in ours):
@@ -373,86 +376,89 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
                               f"({cfg.model.name}, {sizes}; pre-train a float32 run of the same model on data of the "
                               "same sizes)")
         model.load_state_dict(plan.initial)
-    model = method.prepare(model).to(device)  # what prepare added (quantizer buffers, gates) joins the model's device
-    rank, world = distributed.rank(), distributed.world_size()
-    train_batches, test_batches = data.streams(cfg, device, rank, world)
+    return plan.method.prepare(model).to(plan.device)  # what prepare added (quantizer buffers, gates) joins the model's device
+
+
+def _streams(cfg: DictConfig, data: Any, device: torch.device) -> tuple[Stream, Stream]:
+    """This rank's training and test batches, the training ones cut to ``train.batches_per_epoch`` where set."""
+    world = distributed.world_size()
+    train_batches, test_batches = data.streams(cfg, device, distributed.rank(), world)
     if cfg.train.batches_per_epoch is not None:
         train_batches = Periods(train_batches, cfg.train.batches_per_epoch)
-    sample = train_batches.example(2)
-    meter = CostMeter(method.profile(model, sample), method.operand_sizes(model, sample))
-    optimizer = build_optimizer(cfg.optim, model)
-    scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     if train_batches.smallest_part() < 1:
         last = train_batches.global_size(len(train_batches) - 1)
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not allowed on {world} processes: the "
                           f"{train_batches.samples} training samples leave a batch of {last}, fewer than one sample per "
                           f"process (choose one whose last batch holds at least {world} samples)")
-    method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, train_batches.samples,
-                                      -(-cfg.train.batch_size // world)))
-    trainer = Trainer(
-        model, method, optimizer, scheduler, meter, train_batches, test_batches, data.task,
-        cfg.train.epochs, cfg.train.accum_steps, cfg.progress and distributed.is_writer(),
-    )
-    trainer.step_schedule = build_step_schedule(cfg.sched, optimizer,
-                                                -(-len(trainer.train_batches) // cfg.train.accum_steps))
-    precision_log: list[dict] = []
+    return train_batches, test_batches
 
-    if checkpoint is not None:
-        method.load_state_dict(checkpoint["method"])  # first: a method's stage may decide which quantizers the model holds
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        if trainer.step_schedule is not None:
-            trainer.step_schedule.load_state_dict(checkpoint["step_schedule"])
-        meter.load_state_dict(checkpoint["meter"])
-        trainer.progress = Progress(**checkpoint["progress"])
-        precision_log = checkpoint["precision_log"]
-        _set_rng_state(checkpoint["rank_rng"][rank] if distributed.active() else checkpoint["rng"])
-        log.info("resuming %s after epoch %d", files.dir, trainer.progress.epoch)
-    elif rank:
-        seed_everything(cfg.seed + 1_000_003 * rank)  # rank 0 keeps the one-process stream
-    trainer.model = distributed.wrap(model, device, method.skips_layers)
-    writer = distributed.is_writer()
+
+def _resume(cfg: DictConfig, files: RunFiles, saver: Checkpoint,
+            checkpoint: dict[str, Any] | None) -> tuple[Progress, list[dict]]:
+    """Where training starts: the checkpoint's progress and precision log restored, else none and this rank's seed."""
+    if checkpoint is None:
+        if distributed.rank():
+            seed_everything(cfg.seed + 1_000_003 * distributed.rank())  # rank 0 keeps the one-process stream
+        return Progress(), []
+    progress, precision_log = saver.restore(checkpoint)
+    log.info("resuming %s after epoch %d", files.dir, progress.epoch)
+    return progress, precision_log
+
+
+def _log_float32_layers(cfg: DictConfig, meter: CostMeter, method: Method) -> None:
     kept = float32_layers_of(meter.macs, method.precision())
-    if writer and kept and len(kept) < len(meter.macs):
+    if kept and len(kept) < len(meter.macs):
         log.info("float32 layers (method %s): %s: %.1f%% of float32's cost", cfg.method.name, ", ".join(kept),
                  100.0 * float32_share(meter.macs, kept))
-    if writer:
-        files.write_config(cfg, overrides)
-    layers = gemm_layers(model)
-    ident = identity(cfg)
 
-    def end_epoch(progress: Progress) -> None:
-        precision_log.extend(method.drain_switch_rows())
-        precision_log.extend(precision_rows(progress.epoch, progress.step, trainer.epoch_precision.record(), layers,
-                                            method.layer_columns()))
-        rank_rngs = distributed.all_gather(_rng_state()) if distributed.active() else None
-        if not writer:
+
+@dataclass
+class _EpochEnd:
+    """What follows every epoch: the precision log extended, and on the writing rank the tables, the checkpoint and
+    the epoch's log line."""
+
+    cfg: DictConfig
+    files: RunFiles
+    trainer: Trainer
+    saver: Checkpoint
+    layers: list[str]
+    precision_log: list[dict]
+
+    def __call__(self, progress: Progress) -> None:
+        method = self.trainer.method
+        self.precision_log.extend(method.drain_switch_rows())
+        self.precision_log.extend(precision_rows(progress.epoch, progress.step, self.trainer.epoch_precision.record(),
+                                                 self.layers, method.layer_columns()))
+        rank_rngs = distributed.all_gather(rng_state()) if distributed.active() else None
+        if not distributed.is_writer():
             return
-        files.write_table(METRICS, pd.DataFrame(progress.history))
-        files.write_table(PRECISION, pd.DataFrame(precision_log))
-        files.write_table(COST, meter.table())
-        files.save_checkpoint({
-            "identity": ident, "device_type": device.type, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "method": method.state_dict(),
-            "step_schedule": trainer.step_schedule.state_dict() if trainer.step_schedule is not None else None,
-            "meter": meter.state_dict(), "progress": vars(progress), "precision_log": precision_log, "rng": _rng_state(),
-            **({"rank_rng": rank_rngs} if rank_rngs is not None else {}),
-        })
-        row = progress.history[-1]
-        shown = [data.task.score.removeprefix("test_"), *(["bpc"] if data.task.per_character else [])]
-        train, test = ("  ".join(f"{name} {row[f'{split}_{name}']:.4f}" for name in shown) for split in ("train", "test"))
-        log.info("epoch %d/%d  train loss %.4f  %s | test loss %.4f  %s | cost %.2f%% of float32 | %.1fs",
-                 row["epoch"], cfg.train.epochs, row["train_loss"], train, row["test_loss"], test,
-                 row["percent_of_float32"], row["epoch_seconds"])
+        self.files.write_table(METRICS, pd.DataFrame(progress.history))
+        self.files.write_table(PRECISION, pd.DataFrame(self.precision_log))
+        self.files.write_table(COST, self.trainer.meter.table())
+        self.saver.save(self.files, progress, self.precision_log, rank_rngs)
+        _log_epoch(self.cfg, self.trainer.task, progress.history[-1])
 
+
+def _log_epoch(cfg: DictConfig, task: Task, row: dict[str, Any]) -> None:
+    shown = [task.score.removeprefix("test_"), *(["bpc"] if task.per_character else [])]
+    train, test = ("  ".join(f"{name} {row[f'{split}_{name}']:.4f}" for name in shown) for split in ("train", "test"))
+    log.info("epoch %d/%d  train loss %.4f  %s | test loss %.4f  %s | cost %.2f%% of float32 | %.1fs",
+             row["epoch"], cfg.train.epochs, row["train_loss"], train, row["test_loss"], test,
+             row["percent_of_float32"], row["epoch_seconds"])
+
+
+def _fit(cfg: DictConfig, files: RunFiles, trainer: Trainer, end_epoch: _EpochEnd, device: torch.device,
+         sizes: dict[str, Any]) -> dict[str, Any]:
+    """Train to the end; the summary, written (a diverged run's too, before its error goes on up)."""
+    writer = distributed.is_writer()
     try:
         trainer.fit(end_epoch)
     except Diverged as err:
         if writer:
-            files.write_summary(summarize(cfg, trainer.progress, meter, method, "diverged", device, err, sizes))
+            files.write_summary(summarize(cfg, trainer.progress, trainer.meter, trainer.method, "diverged", device, err,
+                                          sizes))
         raise
-    summary = summarize(cfg, trainer.progress, meter, method, "completed", device, sizes=sizes)
+    summary = summarize(cfg, trainer.progress, trainer.meter, trainer.method, "completed", device, sizes=sizes)
     if writer:
         files.write_summary(summary)
     return summary

@@ -9,6 +9,7 @@ from torch import nn
 from qtrain.cost import CostMeter, OperandSizes, bitfusion, operand_sizes, to_target
 from qtrain.cost.hardware import HardwareMeter
 from qtrain.precision import Bits, LayerPrecision
+from qtrain.quant.block_maps import BlockMapped
 from qtrain.run import run
 
 from .conftest import TINY, make_config
@@ -38,7 +39,7 @@ def test_bit_serial_by_hand():
 
 def test_bit_serial_charges_the_dynasty_module_on_its_layers():
     meter = HardwareMeter({"a": 100}, {"a": SIZES["a"]})
-    meter.add({"a": LayerPrecision.uniform(Bits(weight=2, act=8, grad=8, grad_weight=8, act_weight=2), "block-fp-map")}, 1)
+    meter.add({"a": LayerPrecision.uniform(Bits(weight=2, act=8, grad=8, grad_weight=8, act_weight=2), BlockMapped.fmt)}, 1)
     seconds = 100 * 3 * 2 / UNPU_BIT_MACS_PER_CYCLE / 200e6
     module = 10.3e-3 * 100 * 3 * 4 / UNPU_BIT_MACS_PER_CYCLE / 200e6  # Table 2's power over the step's 4-bit time
     totals = meter.totals()["bit_serial"]
@@ -176,7 +177,7 @@ def test_bit_serial_dynasty_time_is_b_over_8_of_the_8bit_step(bits):
     # the baseline's 8; energy adds the module's 10.3 mW for the time the step takes at 4 bits (4/8 of the baseline's)
     meter = HardwareMeter({"a": 100}, {"a": SIZES["a"]})
     uniform = Bits(weight=bits, act=8, grad=8, grad_weight=8, act_weight=bits)
-    meter.add({"a": LayerPrecision.uniform(uniform, "block-fp-map")}, SAMPLES)
+    meter.add({"a": LayerPrecision.uniform(uniform, BlockMapped.fmt)}, SAMPLES)
     totals = meter.totals()["bit_serial"]
     assert totals["seconds"] / totals["baseline_seconds"] == pytest.approx(bits / 8)
     assert totals["joules"] / totals["baseline_joules"] == pytest.approx(bits / 8 + 10.3 / 297 * 4 / 8)

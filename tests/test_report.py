@@ -21,12 +21,12 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from qtrain.cli import conf_dir
 from qtrain.report.cli import latex, main, report
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
-from qtrain.report.plots import _average_bits, by_config, config_label, config_style, method_colour, write_plots
+from qtrain.report.plots import _average_bits, by_config, config_label, config_style, groups, method_colour, write_plots
 from qtrain.report.runs import ReportError, find_runs
 from qtrain.report.tables import display_frame, run_frame, summary_frame
+from qtrain.resources import conf_dir
 
 from .conftest import TINY, run_cli
 
@@ -42,7 +42,8 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
              model: str = "resnet18", data: str = "cifar100", status: str | None = "completed", epochs: int = 2,
              method_keys: dict | None = None, data_keys: dict | None = None, summary_extra: dict | None = None,
              precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None,
-             optim_keys: dict | None = None, scale: str | None = None, float32_share: float = 0.0) -> Path:
+             optim_keys: dict | None = None, scale: str | None = None, float32_share: float = 0.0,
+             model_keys: dict | None = None) -> Path:
     """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None;
     ``scale`` on its recorded command line (``.hydra/overrides.yaml``); ``float32_share`` of its cost in float32
     layers."""
@@ -51,7 +52,7 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
     if scale is not None:
         (run_dir / ".hydra").mkdir()
         (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(["method=" + method, f"scale={scale}"]))
-    config = {"method": _group("method", method, **(method_keys or {})), "model": _group("model", model),
+    config = {"method": _group("method", method, **(method_keys or {})), "model": _group("model", model, **(model_keys or {})),
               "data": {"name": data, **(data_keys or {})}, "seed": seed,
               "train": {"epochs": epochs, "batch_size": 128, **(train_keys or {})}, "optim": optim_keys or {}}
     metrics = pd.DataFrame({"epoch": range(1, len(accs) + 1), "test_acc": accs, "train_loss": [2.0 - a for a in accs],
@@ -454,6 +455,58 @@ def test_paper_plots_keep_to_one_unit_an_axis():
     assert [line.get_label() for line in axes.get_lines()][1::2] == ["DFQ mini", "DFQ smoke"]
 
 
+def test_runs_of_methods_that_do_not_read_the_gate_options_are_not_told_apart_by_them(tmp_path):
+    # model.dfq_options is read by the gated methods only (DFQ, FracTrain): two float32 pre-trainings that differ in
+    # it alone are one configuration, and its value, the same for every gated run, names no run's config
+    common = {"model": "resnet38", "data": "cifar10", "scale": "mini"}
+    for name, options in (("f-a", [[0, 0], [2, 6]]), ("f-b", [[0, 0], [4, 6]])):
+        fake_run(tmp_path, name, "float32", [0.6], [1e12], model_keys={"dfq_options": options}, **common)
+    for name, method in (("d", "dfq"), ("t", "fractrain")):
+        fake_run(tmp_path, name, method, [0.5], [5e11], model_keys={"dfq_options": [[0, 0], [6, 8]]}, **common)
+    runs = find_runs([tmp_path])
+    table = summary_frame(run_frame(runs))
+    assert list(table.config) == ["", "", ""] and table.set_index("method").runs.to_dict() == {
+        "float32": 2, "dfq": 1, "fractrain": 1}
+    assert {group.title for group in groups(runs)} == {"resnet38 on cifar10 at mini scale"}  # one figure, no key in it
+
+
+def _two_settings() -> pd.DataFrame:
+    """FracTrain Table 5's comparable view at a reduced scale: adaptation and fine-tuning, each its own runs, and the
+    "Improv." row that restates FracTrain's figures against SBM."""
+
+    def cell(row, column, metric, paper, ours, config):
+        figure = "difference to SBM" if "acc" in metric else "% saved against SBM"
+        return {"row": row, "column": column, "metric": metric, "figure": figure, "scale": "mini", "config": config,
+                "paper": paper, "ours": ours, "ours_std": math.nan}
+
+    cells = []
+    for setting, config, (acc, saved) in (("Adaptation", "data.subset.by=classes", (-5.8, 39.0)),
+                                          ("Fine-tuning", "data.subset.by=samples", (-1.85, 23.1))):
+        cells += [cell("FracTrain", f"{setting} / Acc (%)", "best_test_acc", 0.08, acc, config),
+                  cell("FracTrain", f"{setting} / MACs", "effective_macs_at_best", 68.67, saved, config),
+                  cell("FracTrain Improv.", f"{setting} / Acc (%)", "acc_delta_vs_sbm", 0.08, acc, config),
+                  cell("FracTrain Improv.", f"{setting} / MACs", "savings_vs_sbm_percent", 68.7, saved, config)]
+    return pd.DataFrame(cells)
+
+
+def test_paper_accuracy_cost_axes_name_what_every_setting_shares():
+    from qtrain.report.plots import paper_accuracy_cost_figure
+
+    (axes,) = paper_accuracy_cost_figure(_two_settings(), "t").axes
+    assert (axes.get_xlabel(), axes.get_ylabel()) == ("MACs: % saved against SBM", "Acc (%): difference to SBM")
+    assert [line.get_label() for line in axes.get_lines()][1::2][:2] == [  # the legend names each point's setting
+        "FracTrain / Adaptation data.subset.by=classes", "FracTrain / Fine-tuning data.subset.by=samples"]
+
+
+def test_paper_accuracy_cost_draws_a_restated_row_once():
+    from qtrain.report.plots import paper_accuracy_cost_figure
+
+    (axes,) = paper_accuracy_cost_figure(_two_settings(), "t").axes
+    ours = [line for line in axes.get_lines()][1::2]  # "Improv.": FracTrain's point again, not drawn over it
+    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in ours] == [(39.0, -5.8), (23.1, -1.85)]
+    assert all(line.get_label().startswith("FracTrain /") for line in ours)
+
+
 @pytest.mark.slow
 def test_fractrain_table1_measures_each_row_against_the_sbm_run_it_implies(tmp_path):
     # the table prints no SBM cell: each row's implied one (Acc - dAcc, MACs / (1 - saving)) names SBM at its last BW
@@ -791,8 +844,10 @@ def test_one_identity_in_two_directories_is_counted_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_help_does_not_load_torch():
-    code = "import sys, qtrain.report.cli; assert 'torch' not in sys.modules, 'torch imported'"
+def test_report_loads_neither_torch_nor_the_qtrain_command():
+    code = ("import sys; from qtrain.report import cli, paper, plots, tables; "  # each one's config-tree lookups too
+            "tables._method_defaults('sbm', 'mini'), paper.header_commands('fractrain_table3'), plots._configured_options(); "
+            "loaded = {'torch', 'qtrain.cli'} & set(sys.modules); assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

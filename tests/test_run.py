@@ -16,6 +16,7 @@ import torch
 
 from qtrain.config import digest, first_difference, identity
 from qtrain.errors import ConfigError, DivergedError, RunDirError
+from qtrain.results import CHECKPOINT_KEYS
 from qtrain.run import run
 from qtrain.train import Trainer
 
@@ -226,6 +227,7 @@ def test_checkpoints_hold_plain_tensors_and_values_only(tmp_path, method):
     run(make_config(*TINY, f"method={method}", "train.epochs=1"), tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # no pickled objects: nothing can run on load
     assert state["identity"]["method"]["name"] == method and state["device_type"] == "cpu"
+    assert tuple(state) == CHECKPOINT_KEYS  # the format's keys, in the order they were always written
     assert set(state["rng"]) >= {"torch", "python", "numpy"}
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 
+from qtrain.quant.block_maps import BlockMapped
+
 FREQUENCY_HZ = 200e6
 BIT_MACS_PER_CYCLE = 345.6e9 / 2 / FREQUENCY_HZ * 16
 PARALLEL_BITS = 16
 POWER_W = 297e-3
-MODULE_POWER_W = {"block-fp-map": 10.3e-3}  # the DYNASTY module, at the 4-bit operating point of Table 2
+MODULE_POWER_W = {BlockMapped.fmt: 10.3e-3}  # the DYNASTY module, at the 4-bit operating point of Table 2
 MODULE_BITS = 4
 
 

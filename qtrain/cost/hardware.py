@@ -32,6 +32,9 @@ class HardwareModel(Protocol):
     def layer_overhead(self, fmt: str, macs: float) -> tuple[float, float]: ...
 
 
+MODELS: tuple[HardwareModel, ...] = (BitSerial(), BitFusion())  # every run's, as qtrain.catalog.HARDWARE lists them
+
+
 def price_layer(model: HardwareModel, layer: LayerPrecision, macs: int, sizes: OperandSizes,
                 samples: int) -> tuple[float, float]:
     """(seconds, joules) of one step of ``samples`` samples through a layer's three GEMMs at ``layer``'s precision."""
@@ -52,7 +55,7 @@ class HardwareMeter:
     FIGURES = ("seconds", "joules", "baseline_seconds", "baseline_joules")
 
     def __init__(self, macs: dict[str, int], sizes: dict[str, OperandSizes],
-                 models: tuple[HardwareModel, ...] = (BitSerial(), BitFusion())) -> None:
+                 models: tuple[HardwareModel, ...] = MODELS) -> None:
         unsized = [name for name, n in macs.items() if n and not (sizes[name].inputs and sizes[name].outputs)]
         if unsized:  # profiled with the layer not running (a gate skipping it): it would move nothing for the run
             raise ValueError(f"layers {', '.join(unsized)} have MACs but no operand elements: profile their sizes with "

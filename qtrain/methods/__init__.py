@@ -1,4 +1,5 @@
-"""Method registry: ``method.name`` in the config picks the class (one file per method)."""
+"""Method registry: ``method.name`` in the config picks the class (one file per method), in the order and under the
+names :mod:`qtrain.catalog` lists with the facts the report reads without torch."""
 
 from __future__ import annotations
 

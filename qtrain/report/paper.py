@@ -47,6 +47,8 @@ from typing import Any
 
 import pandas as pd
 
+from qtrain import resources
+from qtrain.catalog import GATED
 from qtrain.report.runs import ReportError, Run
 from qtrain.report.tables import AGGREGATES, figure, run_frame, score
 
@@ -55,12 +57,11 @@ UNMATCHED = ("train.epochs",)  # scales change the length of training, not which
 
 
 def paper_dir() -> Path:
-    """The transcribed tables: installed inside the package, or ``results/paper/`` in a source checkout."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "paper", here.parent / "results" / "paper"):
-        if candidate.is_dir() and any(candidate.glob("*.csv")):
-            return candidate
-    raise ReportError(f"the paper tables (results/paper/*.csv) are missing beside {here}")
+    """The transcribed tables (:func:`qtrain.resources.paper_dir`); missing, a report error."""
+    try:
+        return resources.paper_dir()
+    except FileNotFoundError as err:
+        raise ReportError(str(err)) from None
 
 
 def paper_tables() -> list[str]:
@@ -463,25 +464,18 @@ def _not_produced(cell: pd.Series) -> str | None:
     return None
 
 
-GATED = ("dfq", "fractrain")
-
-
 @cache
 def _model_file(model: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from qtrain.cli import conf_dir
-
-    path = conf_dir() / "model" / f"{model}.yaml"
+    path = resources.conf_dir() / "model" / f"{model}.yaml"
     return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
 
 
 @cache
 def header_commands(experiment: str) -> tuple[tuple[str, ...], ...]:
     """The ``qtrain`` commands in the header of ``conf/experiment/<experiment>.yaml``, as words (none: no such file)."""
-    from qtrain.cli import conf_dir
-
-    path = conf_dir() / "experiment" / f"{experiment}.yaml"
+    path = resources.conf_dir() / "experiment" / f"{experiment}.yaml"
     lines = path.read_text().splitlines() if path.is_file() else []
     return tuple(tuple(shlex.split(line[len("#   qtrain "):])) for line in lines
                  if line.startswith("#   qtrain ") and not line.rstrip().endswith("..."))
@@ -491,10 +485,9 @@ def header_commands(experiment: str) -> tuple[tuple[str, ...], ...]:
 def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from qtrain.cli import conf_dir
     from qtrain.config import _compose
 
-    return OmegaConf.to_container(_compose(conf_dir(), list(overrides)), resolve=True, throw_on_missing=False)
+    return OmegaConf.to_container(_compose(resources.conf_dir(), list(overrides)), resolve=True, throw_on_missing=False)
 
 
 def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> list[str] | None:

@@ -34,12 +34,12 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from qtrain.catalog import ALLOCATING, HARDWARE, METHOD_NAMES
 from qtrain.report.runs import Run
-from qtrain.report.tables import HARDWARE, run_frame, setting
+from qtrain.report.tables import run_frame, setting
+from qtrain.resources import conf_dir
 
-METHODS = ("float32", "sbm", "muppet", "adapt", "dynasty", "pfq", "dfq", "fractrain")
 _PALETTE = colormaps["tab10"].colors
-ALLOCATING = ("dynasty", "dfq", "fractrain")
 OPERANDS = (("weight_bits", "weight"), ("act_bits", "activation"), ("grad_bits", "gradient"),
             ("grad_weight_bits", "weight-gradient"))
 
@@ -67,7 +67,7 @@ def groups(runs: list[Run]) -> list[Group]:
 
 def method_colour(method: str) -> tuple[float, float, float]:
     """The colour of ``method`` in every figure (a method qtrain does not know gets grey)."""
-    return _PALETTE[METHODS.index(method)] if method in METHODS else (0.5, 0.5, 0.5)
+    return _PALETTE[METHOD_NAMES.index(method)] if method in METHOD_NAMES else (0.5, 0.5, 0.5)
 
 
 def config_label(run: Run, peers: list[Run]) -> str:
@@ -92,8 +92,6 @@ def seed_marker(i: int) -> str:
 @cache
 def _configured_options() -> tuple[tuple[float, float], ...]:
     """Every FW/BW option of the models' DFQ/FracTrain option lists (conf/model/*.yaml), skipping (0/0) aside."""
-    from qtrain.cli import conf_dir
-
     found = set()
     for path in (conf_dir() / "model").glob("*.yaml"):
         options = OmegaConf.load(path).get("dfq_options")
@@ -417,10 +415,25 @@ ACCURACY_FIGURES = ("test_acc", "best_test_acc", "acc_drop", "acc_delta_vs_sbm")
 COST_FIGURES = ("quantized_macs", "effective_macs", "effective_macs_at_best", "savings_vs_sbm_percent")
 
 
+def _setting(column: str) -> str:
+    """The setting a paper column belongs to, where its table has several (``Adaptation / MACs``: ``Adaptation``)."""
+    return column.rpartition(" / ")[0]
+
+
+def _axis_name(cells: list[pd.Series], kind: str) -> str:
+    """An axis's name: the column its cells share, else the figure after each one's setting (``Adaptation / MACs``
+    and ``Fine-tuning / MACs``: ``MACs``), then their unit (``kind``)."""
+    columns = list(dict.fromkeys(cell.column for cell in cells))
+    names = columns if len(columns) == 1 else list(dict.fromkeys(column.rpartition(" / ")[2] for column in columns))
+    return f"{' | '.join(names)}: {cells[0][kind]}"
+
+
 def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None:
     """Accuracy against training cost, the paper's point and ours for each row of a ``--paper`` comparison view
     that has both (at a reduced scale each against the table's baseline: accuracy difference, cost saved): the
-    paper's hollow, ours filled in the row's colour, an arrow from the paper's to ours. None when no row has both."""
+    paper's hollow, ours filled in the row's colour, an arrow from the paper's to ours. A row whose figures are an
+    earlier row's again (FracTrain's "Improv." row: FracTrain against SBM, at a reduced scale) is drawn once, as the
+    earlier row; in a table of several settings each point names its setting. None when no row has both."""
     shown = _plottable(frame)
     kind = "figure" if "figure" in shown else "metric"
     points = []
@@ -429,22 +442,27 @@ def paper_accuracy_cost_figure(frame: pd.DataFrame, title: str) -> Figure | None
         cost = cells[cells.metric.isin(COST_FIGURES)]
         if len(accuracy) and len(cost):
             name = config if shown.scale.nunique() > 1 else config.split(" ", 1)[1]  # the scale where several are
-            points.append((f"{row} {name}".strip(), cost.iloc[0], accuracy.iloc[0]))
+            points.append((row, name, cost.iloc[0], accuracy.iloc[0]))
     if not points:
         return None
     # one pair of units on the axes: the most common (a paper-scale table's absolute rows beside its relative ones)
-    units = [(cost[kind], accuracy[kind]) for _, cost, accuracy in points]
+    units = [(cost[kind], accuracy[kind]) for _, _, cost, accuracy in points]
     common = Counter(units).most_common(1)[0][0]
     points = [point for point, pair in zip(points, units) if pair == common]
+    ours = [(name, cost.ours, accuracy.ours) for _, name, cost, accuracy in points]
+    points = [point for i, point in enumerate(points) if ours[i] not in ours[:i]]
+    several = len({_setting(cost.column) for _, _, cost, _ in points}) > 1
     fig = Figure(figsize=(7.5, 5.5), layout="constrained")
     axes = fig.add_subplot()
-    for i, (name, cost, accuracy) in enumerate(points):
+    for i, (row, name, cost, accuracy) in enumerate(points):
         colour = _PALETTE[i % len(_PALETTE)]
+        heading = f"{row} / {_setting(cost.column)}" if several else row
         axes.plot(cost.paper, accuracy.paper, "o", markerfacecolor="none", markeredgecolor=colour, markersize=9)
-        axes.plot(cost.ours, accuracy.ours, "o", color=colour, markersize=7, label=name)
+        axes.plot(cost.ours, accuracy.ours, "o", color=colour, markersize=7, label=f"{heading} {name}".strip())
         axes.annotate("", (cost.ours, accuracy.ours), (cost.paper, accuracy.paper),
                       arrowprops={"arrowstyle": "->", "color": colour, "alpha": 0.6})
-    axes.set(xlabel=f"{points[0][1].column}: {points[0][1][kind]}", ylabel=f"{points[0][2].column}: {points[0][2][kind]}")
+    axes.set(xlabel=_axis_name([cost for _, _, cost, _ in points], kind),
+             ylabel=_axis_name([accuracy for _, _, _, accuracy in points], kind))
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.suptitle(f"{title}\n(hollow: the paper's, filled: qtrain's, arrow: from the paper's to ours)", fontsize=10)

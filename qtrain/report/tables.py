@@ -4,7 +4,8 @@ A row's configuration is its method, model and data, its scale (``paper``, ``min
 (the method's keys that differ from ``conf/method/<name>.yaml`` as the run's scale amends it in
 ``conf/scale/method/<scale>_<name>.yaml``, or between the report's runs of the method, so a sweep names its
 default value too) and its *config* (any other key that differs between the report's runs of the same model, data
-and scale, such as epochs or lr). What a scale file sets is the scale's, shown once as the scale, not as a run's
+and scale, such as epochs or lr; ``model.dfq_options`` only among the runs of the methods that read it, DFQ and
+FracTrain). What a scale file sets is the scale's, shown once as the scale, not as a run's
 setting or config unless another run of the report sets it otherwise. Runs that differ only in ``seed`` or in
 their cross-validation fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default),
 or the figures of the row's best run, the one of the highest final test accuracy (lowest perplexity)
@@ -22,12 +23,13 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from qtrain.catalog import GATE_OPTIONS, GATED, HARDWARE
 from qtrain.report.runs import ReportError, Run, flatten
+from qtrain.resources import conf_dir
 
 # Keys that never make two runs different configurations (seeds and folds are aggregated; paths and plumbing
 # change nothing).
 IGNORED = ("seed", "data.fold", "data.root", "train.init_from", "force", "progress", "device")
-HARDWARE = (("bit_serial", "bit-serial"), ("bitfusion", "BitFusion"))
 # A run's figures (percentages in points), then the hardware models' cumulative seconds and joules.
 SCORES = ("test_acc", "best_test_acc", "test_ppl", "effective_macs", "percent_of_float32")
 HARDWARE_FIGURES = tuple(f"{model}_{unit}" for model, _ in HARDWARE for unit in ("seconds", "joules"))
@@ -43,8 +45,6 @@ LABELS = {
 @cache
 def _method_defaults(name: str, scale: str) -> dict[str, Any]:
     """The method's config file, with what the scale's file for the method sets (config.yaml's defaults list)."""
-    from qtrain.cli import conf_dir
-
     paths = (conf_dir() / "method" / f"{name}.yaml", conf_dir() / "scale" / "method" / f"{scale}_{name}.yaml")
     found = [OmegaConf.load(path) for path in paths if path.is_file()]
     return flatten(OmegaConf.to_container(OmegaConf.merge(*found))) if found else {}
@@ -86,10 +86,15 @@ def figure(run: Run, name: str) -> float | None:
     return totals[unit] if totals else run.last(name)
 
 
+def _reads(run: Run, key: str) -> bool:
+    """Whether the run's method reads config key ``key`` (the gate options only the gated methods read)."""
+    return key != GATE_OPTIONS or run.method in GATED
+
+
 def _differing(runs: list[Run], wanted: Callable[[str], bool]) -> list[str]:
-    """The config keys (dotted, those ``wanted``) whose values differ between ``runs``."""
+    """The config keys (dotted, those ``wanted``) whose values differ between the ``runs`` that read them."""
     keys = set().union(*(run.flat_config for run in runs))
-    return sorted(k for k in keys if wanted(k) and len({_text(run.get(k)) for run in runs}) > 1)
+    return sorted(k for k in keys if wanted(k) and len({_text(run.get(k)) for run in runs if _reads(run, k)}) > 1)
 
 
 def _varying(runs: list[Run]) -> dict[str, list[str]]:
@@ -111,7 +116,7 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
         keys = varying["/".join((run.model, run.data, run.scale))]
         rows.append({
             "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run, runs),
-            "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None),
+            "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k)),
             "seed": run.seed, "fold": run.get("data.fold"), "status": run.status,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
         })
