@@ -112,10 +112,10 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     """Time ``steps`` training steps of ``name`` after 3 warm-up steps; runs in its own process."""
     from hydra import compose, initialize_config_dir
 
-    from qtrain.cli import conf_dir
     from qtrain.cost import CostMeter
     from qtrain.methods import RunFacts, StepInfo, build_method
     from qtrain.methods.adapt_switching import Format
+    from qtrain.resources import conf_dir
     from qtrain.run import float32_kernels
     from qtrain.task import Task
 

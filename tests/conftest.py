@@ -12,8 +12,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from qtrain.cli import conf_dir
 from qtrain.quant.rounding import set_fused
+from qtrain.resources import conf_dir
 
 # Real datasets for the tests marked realdata: a folder holding cifar-10-batches-py and MNIST in the layouts
 # torchvision downloads (unset: those tests are skipped; nothing is downloaded).

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from qtrain.cli import conf_dir
 from qtrain.config import FILE_DATASETS, digest, group_options, identity, validate
 from qtrain.methods import build_method
 from qtrain.report.cli import report
 from qtrain.report.paper import compare, paper_tables
 from qtrain.report.runs import find_runs
+from qtrain.resources import conf_dir
 
 from .conftest import make_config
 

@@ -13,10 +13,10 @@ import pytest
 from joblib import cpu_count
 from omegaconf import OmegaConf
 
-from qtrain.cli import conf_dir
 from qtrain.config import check_command_line, digest, identity, run_dir_name, sweep_size
 from qtrain.errors import ConfigError
 from qtrain.launch import job_tag, job_threads
+from qtrain.resources import conf_dir
 
 from .conftest import TINY, make_config, run_cli
 

@@ -182,8 +182,8 @@ def test_every_method_that_applies_trains_the_transformer_on_text(tmp_path, meth
 def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_line_says_otherwise():
     from omegaconf import OmegaConf
 
-    from qtrain.cli import conf_dir
     from qtrain.config import check_command_line, digest, identity
+    from qtrain.resources import conf_dir
 
     def group(name: str, option: str) -> dict:
         return OmegaConf.to_container(OmegaConf.load(conf_dir() / name / f"{option}.yaml"))
