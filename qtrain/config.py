@@ -34,6 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from qtrain import distributed
+from qtrain.data.registry import Kind, dataset
 from qtrain.errors import ConfigError
 
 GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
@@ -41,9 +42,6 @@ LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "multistep", "cosine", "plateau", "inverse_sqrt")
-TEXT_DATASETS = ("text", "wikitext2", "wikitext103", "corpus")  # language-modelling corpora (qtrain/data/text.py)
-FOLDER_DATASETS = ("imagenet", "imagefolder")  # image folders: torchvision's transforms stand in for data.augment
-FILE_DATASETS = ("cifar10", "cifar100", "mnist", *FOLDER_DATASETS, "wikitext2", "wikitext103", "corpus")  # read from data.root
 TEXT_LEVELS = ("word", "char")
 # Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
 # Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
@@ -304,18 +302,19 @@ def _require_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], what: s
 
 def _validate_data(cfg: DictConfig) -> None:
     data = cfg.data
-    if data.name in FILE_DATASETS:  # scale=smoke turns a file dataset into its stand-in (no files), root and all
+    entry = dataset(data.name)
+    if entry.needs_root:  # scale=smoke turns a file dataset into its stand-in (no files), root and all
         if OmegaConf.is_missing(data, "root"):
             raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {data.name} files")
         if not isinstance(data.root, str) or not Path(data.root).expanduser().is_dir():
             raise ConfigError(f"data.root={data.root!r} is not allowed: it must be the folder that holds the "
                               f"{data.name} files")
-    if data.name in TEXT_DATASETS:
+    if entry.kind is Kind.TEXT:
         if data.level not in TEXT_LEVELS:
             raise ConfigError(f"data.level={data.level!r} is not allowed (choose from: {', '.join(TEXT_LEVELS)})")
         _require_int(cfg, "data.min_count", 1)
     else:
-        _validate_images(cfg)
+        _validate_images(cfg, entry.kind)
     sample = data.sample
     if sample is not None and (not isinstance(sample, DictConfig) or not sample.keys()
                                or not set(sample.keys()) <= {"train", "test"}
@@ -325,12 +324,12 @@ def _validate_data(cfg: DictConfig) -> None:
                           "out is taken whole), or null")
 
 
-def _validate_images(cfg: DictConfig) -> None:
+def _validate_images(cfg: DictConfig, kind: Kind) -> None:
     data = cfg.data
-    if data.name == "synthetic":
+    if kind is Kind.SYNTHETIC:
         for key, low in (("n_train", 1), ("n_test", 1), ("num_classes", 2), ("channels", 1), ("size", 1), ("seed", 0)):
             _require_int(cfg, f"data.{key}", low)
-    if data.name in FOLDER_DATASETS:
+    if kind is Kind.FOLDER:
         _validate_folder(cfg)
     else:
         _require_int(cfg, "data.augment.crop_padding", 0)
