@@ -40,13 +40,13 @@ from qtrain.errors import ConfigError
 GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 DEVICES = ("auto", "cpu", "cuda")
-OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("constant", "multistep", "cosine", "plateau", "inverse_sqrt")
 TEXT_LEVELS = ("word", "char")
-# Keys that cannot change a run's results: whether to start over, and progress bars on the terminal.
-# Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently) and ``fused``
-# (compiled kernels reorder float reductions) included.
-NOT_IDENTITY = ("force", "progress")
+# Keys that cannot change a run's results: whether to start over, progress bars on the terminal, and Hydra's
+# instantiation keys of the optimizer and schedule (their ``name`` is in the identity, and :func:`validate` holds
+# each to its file's). Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently)
+# and ``fused`` (compiled kernels reorder float reductions) included.
+INSTANTIATION_KEYS = ("_target_", "_partial_")
+NOT_IDENTITY = ("force", "progress", *(f"{group}.{key}" for group in ("optim", "sched") for key in INSTANTIATION_KEYS))
 # Paths in the identity are made absolute, so the same folder named from two working directories is one run.
 PATH_KEYS = ("data.root", "train.init_from")
 # The longest part of a run directory's name taken from its overrides (whole key=value items; the id follows).
@@ -294,12 +294,6 @@ def _require_bool(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: it must be true or false")
 
 
-def _require_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], what: str) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value not in choices:
-        raise ConfigError(f"unknown {what} {value!r} (choose from: {', '.join(sorted(choices))})")
-
-
 def _validate_data(cfg: DictConfig) -> None:
     data = cfg.data
     entry = dataset(data.name)
@@ -357,8 +351,24 @@ def _validate_folder(cfg: DictConfig) -> None:
                               "one per RGB channel")
 
 
+def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
+    """``<group>.name`` names a file of ``conf/<group>/``, and the group's Hydra instantiation keys are that file's."""
+    from qtrain.cli import conf_dir
+
+    name = cfg[group].name
+    options = group_options(conf_dir(), group)
+    if name not in options:
+        raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(options)})")
+    own = OmegaConf.load(conf_dir() / group / f"{name}.yaml")
+    for key in INSTANTIATION_KEYS:
+        value, allowed = OmegaConf.select(cfg, f"{group}.{key}"), own.get(key)
+        if value != allowed:
+            raise ConfigError(f"{group}.{key}={value!r} is not allowed: {group}={name} is built by its file's "
+                              f"{key} ({allowed}), since the run's identity holds the name (choose another {group}=NAME)")
+
+
 def _validate_optim(cfg: DictConfig) -> None:
-    _require_choice(cfg, "optim.name", OPTIMIZERS, "optimizer")
+    _require_own_file(cfg, "optim", "optimizer")
     _require_number(cfg, "optim.lr", 0, low_open=True)
     _require_number(cfg, "optim.weight_decay", 0)
     if cfg.optim.name == "sgd":
@@ -374,7 +384,7 @@ def _validate_optim(cfg: DictConfig) -> None:
 
 
 def _validate_sched(cfg: DictConfig) -> None:
-    _require_choice(cfg, "sched.name", SCHEDULES, "schedule")
+    _require_own_file(cfg, "sched", "schedule")
     name = cfg.sched.name
     if name == "multistep":
         milestones = cfg.sched.milestones
@@ -430,18 +440,26 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
     else:
         plain = copy.deepcopy(config)
     plain.pop("hydra", None)
-    for key in NOT_IDENTITY:
-        plain.pop(key, None)
+    for dotted in NOT_IDENTITY:
+        *sections, key = dotted.split(".")
+        _section(plain, sections).pop(key, None)
     for dotted in PATH_KEYS:
-        section, _, key = dotted.partition(".")
-        value = plain.get(section, {}).get(key) if isinstance(plain.get(section), dict) else None
-        if isinstance(value, str) and value != "???":
-            plain[section][key] = os.path.abspath(os.path.expanduser(value))
+        *sections, key = dotted.split(".")
+        section = _section(plain, sections)
+        if isinstance(section.get(key), str) and section[key] != "???":
+            section[key] = os.path.abspath(os.path.expanduser(section[key]))
     if distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
         plain["world_size"] = distributed.world_size()
     data = plain.get("data")
     if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
         data["python"] = platform.python_version()
+    return plain
+
+
+def _section(plain: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The mapping at ``names`` in ``plain``, or an empty one where there is none."""
+    for name in names:
+        plain = plain.get(name) if isinstance(plain.get(name), dict) else {}
     return plain
 
 
