@@ -28,6 +28,7 @@ import json
 import math
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +42,40 @@ GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 DEVICES = ("auto", "cpu", "cuda")
 TEXT_LEVELS = ("word", "char")
-# Keys that cannot change a run's results: whether to start over, progress bars on the terminal, and Hydra's
-# instantiation keys of the optimizer and schedule (their ``name`` is in the identity, and :func:`validate` holds
-# each to its file's). Everything else is the run's identity, ``device`` (CPU and GPU kernels round differently)
-# and ``fused`` (compiled kernels reorder float reductions) included.
-INSTANTIATION_KEYS = ("_target_", "_partial_")
-NOT_IDENTITY = ("force", "progress", *(f"{group}.{key}" for group in ("optim", "sched") for key in INSTANTIATION_KEYS))
-# Paths in the identity are made absolute, so the same folder named from two working directories is one run.
-PATH_KEYS = ("data.root", "train.init_from")
+INSTANTIATION_KEYS = ("_target_", "_partial_")  # Hydra's, in conf/optim and conf/sched
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What a key is to a run. A key not in :data:`RUN_KEYS` is in the identity, names the run directory where the
+    command line sets it, and makes runs different configurations in qtrain-report's tables."""
+
+    identity: bool = True  # in the run's identity: its directory's id= digest and the guard of a resume
+    path: bool = False  # made absolute in the identity: one folder named from two working directories is one run
+    names_dir: bool = True  # an override of it is part of the run directory's name (hydra.job.override_dirname)
+    configuration: bool = True  # runs that differ in it are different configurations (rows) in qtrain-report
+
+
+_PLUMBING = RunKey(identity=False, names_dir=False, configuration=False)
+# The keys that do not define a run, or not wholly. Everything else is the run's identity, ``device`` (CPU and GPU
+# kernels round differently) and ``fused`` (compiled kernels reorder float reductions) included.
+RUN_KEYS: dict[str, RunKey] = {
+    "force": _PLUMBING,  # whether to start over
+    "progress": _PLUMBING,  # progress bars on the terminal
+    # Hydra's instantiation keys: the identity holds the optimizer's and schedule's name, and validate() holds
+    # these to the named file's
+    **{f"{group}.{key}": _PLUMBING for group in ("optim", "sched") for key in INSTANTIATION_KEYS},
+    "hydra.run.dir": _PLUMBING, "hydra.sweep.dir": _PLUMBING, "hydra.sweep.subdir": _PLUMBING,  # where, not what
+    "data.root": RunKey(path=True, names_dir=False, configuration=False),  # the data is the dataset's, wherever it is
+    "train.init_from": RunKey(path=True, names_dir=False, configuration=False),
+    "seed": RunKey(configuration=False),  # a row averages its seeds
+    "data.fold": RunKey(configuration=False),  # and its cross-validation folds
+    "device": RunKey(configuration=False),
+}
+NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
+PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)
+NOT_IN_DIR_NAME = tuple(key for key, role in RUN_KEYS.items() if not role.names_dir)
+NOT_CONFIGURATION = tuple(key for key, role in RUN_KEYS.items() if not role.configuration)
 # The longest part of a run directory's name taken from its overrides (whole key=value items; the id follows).
 NAME_LENGTH = 120
 # Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
@@ -498,6 +525,8 @@ def transformer_preset(preset: str, key: str) -> Any:
 
 
 OmegaConf.register_new_resolver("qtrain.transformer", transformer_preset, replace=True)
+# hydra.job.config.override_dirname.exclude_keys of conf/config.yaml
+OmegaConf.register_new_resolver("qtrain.not_in_dir_name", lambda: list(NOT_IN_DIR_NAME), replace=True)
 
 
 def run_dir_name(override_dirname: str, *, _root_: DictConfig) -> str:

@@ -1,8 +1,10 @@
 """A run's identity stays what it was for every config: committed results name their runs by its digest."""
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from qtrain.config import digest, identity
+from qtrain.cli import conf_dir
+from qtrain.config import NOT_IN_DIR_NAME, digest, identity
 
 from .conftest import make_config
 
@@ -32,3 +34,11 @@ def test_hydras_instantiation_keys_are_not_in_the_identity():
     assert (cfg.optim._target_, cfg.sched._partial_) == ("torch.optim.Adam", True)
     ident = identity(cfg)
     assert not {"_target_", "_partial_"} & (set(ident["optim"]) | set(ident["sched"]))
+
+
+def test_the_run_directory_name_leaves_out_the_keys_run_keys_says():
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["force=true", "seed=3"], return_hydra_config=True)
+    assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(NOT_IN_DIR_NAME)
+    assert {"data.root", "train.init_from", "force", "progress", "hydra.run.dir"} <= set(NOT_IN_DIR_NAME)
+    assert cfg.hydra.job.override_dirname == "seed=3"

@@ -22,11 +22,12 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from qtrain.config import NOT_CONFIGURATION
 from qtrain.report.runs import ReportError, Run, flatten
 
 # Keys that never make two runs different configurations (seeds and folds are aggregated; paths and plumbing
 # change nothing).
-IGNORED = ("seed", "data.fold", "data.root", "train.init_from", "force", "progress", "device")
+IGNORED = NOT_CONFIGURATION
 HARDWARE = (("bit_serial", "bit-serial"), ("bitfusion", "BitFusion"))
 # A run's figures (percentages in points), then the hardware models' cumulative seconds and joules.
 SCORES = ("test_acc", "best_test_acc", "test_ppl", "effective_macs", "percent_of_float32")
