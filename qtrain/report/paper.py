@@ -492,7 +492,7 @@ def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from qtrain.cli import conf_dir
-    from qtrain.config import _compose
+    from qtrain.config.command_line import _compose
 
     return OmegaConf.to_container(_compose(conf_dir(), list(overrides)), resolve=True, throw_on_missing=False)
 
@@ -502,7 +502,7 @@ def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> lis
     value (None where it holds none of it), the scale is ``scale`` where one is given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from qtrain.config import _values
+    from qtrain.config.command_line import _values
 
     wanted = {"method": cell.method, "model": cell.model, "data": cell.data, **dict(_parse_setting(cell.setting))}
     tokens = {"method": f"method={cell.method}", "model": f"model={cell.model}", "data": f"data={cell.data}",
