@@ -1,6 +1,7 @@
 """Dataset loaders on tiny files written in the real layouts, and the batch stream's augmentation."""
 
 import collections
+import dataclasses
 import logging
 import os
 import pickle
@@ -18,7 +19,7 @@ from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity
 
 from qtrain.cli import conf_dir
-from qtrain.config import validate
+from qtrain.config import schema, validate
 from qtrain.data import BatchStream, load_data
 from qtrain.data.base import Periods
 from qtrain.data.registry import REGISTRY, Kind
@@ -206,6 +207,12 @@ def test_the_registry_names_every_data_config_and_what_it_reads():
         assert cfg.name == name
         assert entry.needs_root == ("root" in cfg.keys()), name
         assert (entry.kind is Kind.TEXT) == ("level" in cfg) and (entry.kind is Kind.FOLDER) == ("image_size" in cfg)
+
+
+def test_the_data_schema_of_each_kind_reads_keys_of_its_configs():
+    for path in (conf_dir() / "data").glob("*.yaml"):
+        keys = set(OmegaConf.load(path).keys())
+        assert {item.name for item in dataclasses.fields(schema.DATA[REGISTRY[path.stem].kind])} <= keys, path.stem
 
 
 def test_the_registry_and_the_config_checks_import_no_torch():

@@ -1,5 +1,6 @@
 """The learning-rate warm-up (linear per optimizer step, composed with the epoch schedules) and the inverse square root."""
 
+import dataclasses
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from qtrain.cli import conf_dir
-from qtrain.config import validate
+from qtrain.config import schema, validate
 from qtrain.errors import ConfigError
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 
@@ -108,3 +109,11 @@ def test_a_target_other_than_its_files_is_refused(key, value):
     OmegaConf.update(cfg, key, value)
     with pytest.raises(ConfigError, match=rf"^{key}={value!r} is not allowed: .* is built by its file's "):
         validate(cfg)
+
+
+@pytest.mark.parametrize("group,schemas", [("optim", schema.OPTIMIZERS), ("sched", schema.SCHEDULES)])
+def test_every_optimizer_and_schedule_file_has_a_schema_of_its_keys(group, schemas):
+    files = {path.stem: OmegaConf.load(path) for path in (conf_dir() / group).glob("*.yaml")}
+    assert set(files) == set(schemas)
+    for name, cfg in files.items():
+        assert {item.name for item in dataclasses.fields(schemas[name])} == set(cfg) - {"name", "_target_", "_partial_"}
