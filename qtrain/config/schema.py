@@ -44,11 +44,18 @@ def bounded(low: float = -math.inf, high: float = math.inf, *, low_open: bool = 
 
 
 def is_integer(value: Any) -> bool:
+    """An int that is not a bool (True is an int to Python, not to a config)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_real(value: Any) -> bool:
+    """An int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number."""
+    return is_real(value) and math.isfinite(value)
 
 
 def not_allowed(key: str, value: Any, allowed: str) -> ConfigError:
