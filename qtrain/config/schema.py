@@ -28,7 +28,7 @@ class Bounds:
     low_open: bool = False
     high_open: bool = False
 
-    def hold(self, value: float) -> bool:
+    def __contains__(self, value: float) -> bool:
         return (self.low < value or (not self.low_open and value == self.low)) and (
             value < self.high or (not self.high_open and value == self.high))
 
@@ -78,9 +78,9 @@ def _typed(key: str, value: Any, kind: Any, bounds: Bounds | None) -> Any:
         return kind(value)
     if kind is bool and not isinstance(value, bool):
         raise not_allowed(key, value, "it must be true or false")
-    if kind is int and (not is_integer(value) or (bounds is not None and not bounds.hold(value))):
+    if kind is int and (not is_integer(value) or (bounds is not None and value not in bounds)):
         raise not_allowed(key, value, f"it must be an integer{'' if bounds is None else f' {bounds}'}")
-    if kind is float and (not is_number(value) or (bounds is not None and not bounds.hold(value))):
+    if kind is float and (not is_number(value) or (bounds is not None and value not in bounds)):
         raise not_allowed(key, value, f"it must be a finite number{'' if bounds is None else f' {bounds}'}")
     return value  # Any: checked by the schema's __post_init__
 
@@ -92,8 +92,6 @@ def read(schema: type, node: DictConfig, prefix: str = "") -> Any:
     kinds = typing.get_type_hints(schema)
     values = {}
     for item in dataclasses.fields(schema):
-        if not item.init:
-            continue
         key = f"{prefix}.{item.name}" if prefix else item.name
         values[item.name] = _typed(key, node.get(item.name), kinds[item.name], item.metadata.get("bounds"))
     return schema(**values)
