@@ -12,45 +12,39 @@ and 4000 steps.)"""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from qtrain.errors import ConfigError
+# The keys of an optim or sched config that qtrain reads itself (its name, the warm-ups), not its ``_target_``.
+OWN_KEYS = ("name", "warmup_epochs", "warmup_steps")
 
-OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("constant", "multistep", "cosine", "plateau", "inverse_sqrt")
+
+def _arguments(cfg: DictConfig) -> dict[str, Any]:
+    """The config's ``_target_``, ``_partial_`` and the keyword arguments of its constructor, as plain values."""
+    return {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items() if key not in OWN_KEYS}
 
 
 def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
-    if cfg.lr <= 0:
-        raise ConfigError(f"optim.lr={cfg.lr!r} is not allowed: the learning rate must be positive")
-    if cfg.weight_decay < 0:
-        raise ConfigError(f"optim.weight_decay={cfg.weight_decay!r} is not allowed: it must be >= 0")
-    params = model.parameters()
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
-    if cfg.name == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
-    raise ConfigError(f"unknown optimizer {cfg.name!r} (choose from: {', '.join(OPTIMIZERS)})")
+    """The optimizer ``conf/optim/<name>.yaml`` names (``_target_``) with its values, over the model's parameters."""
+    return instantiate(_arguments(cfg))(model.parameters())
 
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
 
 
 def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: int) -> Scheduler:
-    """An epoch-level schedule; ``plateau`` steps on the test loss (``inverse_sqrt``: none, see :func:`build_step_schedule`)."""
-    if cfg.name in ("constant", "inverse_sqrt"):
+    """An epoch-level schedule: ``conf/sched/<name>.yaml``'s ``_target_`` with its values (``plateau`` steps on the test
+    loss); one without a ``_target_`` (``constant``, ``inverse_sqrt``) leaves the lr alone (see :func:`build_step_schedule`)."""
+    if "_target_" not in cfg:
         return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
-    if cfg.name == "multistep":
-        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
-    if cfg.name == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(epochs, 1), eta_min=cfg.min_lr)
-    if cfg.name == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.factor, patience=cfg.patience,
-                                                          threshold=cfg.threshold, min_lr=cfg.min_lr)
-    raise ConfigError(f"unknown schedule {cfg.name!r} (choose from: {', '.join(SCHEDULES)})")
+    arguments = _arguments(cfg)
+    if cfg.name == "cosine":  # torch's names: one half-period over the run, down to min_lr
+        arguments.update(T_max=max(epochs, 1), eta_min=arguments.pop("min_lr"))
+    return instantiate(arguments)(optimizer)
 
 
 def build_step_schedule(cfg: DictConfig, optimizer: torch.optim.Optimizer,

@@ -1,23 +1,30 @@
 """Dataset loaders on tiny files written in the real layouts, and the batch stream's augmentation."""
 
 import collections
+import dataclasses
 import logging
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.nn import functional as F
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity
 
+from qtrain.config import schema, validate
 from qtrain.data import BatchStream, load_data
 from qtrain.data.base import Periods
+from qtrain.data.registry import REGISTRY, Kind
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
-from qtrain.errors import DataError
+from qtrain.errors import ConfigError, DataError
+from qtrain.resources import conf_dir
 
 from .conftest import REAL_DATA, TINY, make_config, run_cli
 
@@ -191,6 +198,34 @@ def test_data_registry_and_missing_root(tmp_path):
     cfg = make_config("data=cifar10", f"data.root={tmp_path}")
     with pytest.raises(DataError, match="not found"):
         load_data(cfg.data)
+
+
+def test_the_registry_names_every_data_config_and_what_it_reads():
+    configs = {path.stem: OmegaConf.load(path) for path in (conf_dir() / "data").glob("*.yaml")}
+    assert set(configs) == set(REGISTRY)
+    for name, cfg in configs.items():
+        entry = REGISTRY[name]
+        assert cfg.name == name
+        assert entry.needs_root == ("root" in cfg.keys()), name
+        assert (entry.kind is Kind.TEXT) == ("level" in cfg) and (entry.kind is Kind.FOLDER) == ("image_size" in cfg)
+
+
+def test_the_data_schema_of_each_kind_reads_keys_of_its_configs():
+    for path in (conf_dir() / "data").glob("*.yaml"):
+        keys = set(OmegaConf.load(path).keys())
+        assert {item.name for item in dataclasses.fields(schema.DATA[REGISTRY[path.stem].kind])} <= keys, path.stem
+
+
+def test_the_registry_and_the_config_checks_import_no_torch():
+    code = "import sys, qtrain.config, qtrain.data.registry; assert 'torch' not in sys.modules, 'torch imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr == ""
+
+
+def test_an_unknown_dataset_is_refused_by_the_config_checks():
+    cfg = make_config("data=synthetic")
+    cfg.data.name = "svhn"
+    with pytest.raises(ConfigError, match=r"^unknown dataset 'svhn' \(choose from: cifar10, cifar100, corpus, digits, "):
+        validate(cfg)
 
 
 @pytest.mark.realdata

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from qtrain.config import FILE_DATASETS, digest, group_options, identity, validate
+from qtrain.config import digest, group_options, identity, validate
+from qtrain.data.registry import REGISTRY
 from qtrain.methods import build_method
 from qtrain.report.cli import report
 from qtrain.report.paper import compare, paper_tables
@@ -29,12 +30,12 @@ def test_the_scales_are_paper_mini_and_smoke():
 @pytest.mark.slow
 def test_every_experiment_composes_and_passes_the_checks(experiment, scale, tmp_path):
     cfg = make_config(f"experiment={experiment}", f"scale={scale}")
-    if cfg.data.name in FILE_DATASETS and OmegaConf.is_missing(cfg.data, "root"):
+    if REGISTRY[cfg.data.name].needs_root and OmegaConf.is_missing(cfg.data, "root"):
         cfg.data.root = str(tmp_path)  # a folder: the files are read only once a run starts
     validate(cfg)
     build_method(cfg.method)
     if scale == "smoke":  # no data files, eager kernels, no progress bars, 2 epochs
-        assert cfg.data.name not in FILE_DATASETS
+        assert not REGISTRY[cfg.data.name].needs_root
         assert (cfg.train.epochs, cfg.fused, cfg.progress) == (2, False, False)
 
 

@@ -1,17 +1,28 @@
 """The learning-rate warm-up (linear per optimizer step, composed with the epoch schedules) and the inverse square root."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from qtrain.optim import build_scheduler, build_step_schedule
+from qtrain.config import schema, validate
+from qtrain.errors import ConfigError
+from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
+from qtrain.resources import conf_dir
+
+from .conftest import make_config
+
+
+def _sched(values: dict) -> OmegaConf:
+    """``conf/sched/<name>.yaml`` (its ``_target_``) with ``values``."""
+    return OmegaConf.merge(OmegaConf.load(conf_dir() / "sched" / f"{values['name']}.yaml"), values)
 
 
 def _lrs(sched: dict, epochs: int, steps_per_epoch: int) -> list[float]:
     """The lr of every optimizer step over ``epochs`` epochs, stepping as the trainer does."""
-    cfg = OmegaConf.create(sched)
+    cfg = _sched(sched)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     scheduler = build_scheduler(cfg, optimizer, epochs)
     per_step = build_step_schedule(cfg, optimizer, steps_per_epoch)
@@ -55,7 +66,7 @@ def test_inverse_sqrt_rises_to_the_peak_at_the_warmup_then_falls_as_one_over_roo
 def test_inverse_sqrt_is_vaswanis_formula_with_the_peak_it_implies():
     d_model, warmup = 512, 4000
     peak = (d_model * warmup) ** -0.5
-    cfg = OmegaConf.create({"name": "inverse_sqrt", "warmup_steps": warmup})
+    cfg = _sched({"name": "inverse_sqrt", "warmup_steps": warmup})
     optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=peak)
     per_step = build_step_schedule(cfg, optimizer, 100)
     for step in range(1, 10_001):
@@ -64,3 +75,45 @@ def test_inverse_sqrt_is_vaswanis_formula_with_the_peak_it_implies():
             assert lr == pytest.approx(d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5), rel=1e-9)
         optimizer.step()
         per_step.step()
+
+
+@pytest.mark.parametrize("choice,cls,values", [
+    ("sgd", torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": False}),
+    ("adam", torch.optim.Adam, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}),
+])
+def test_the_optimizer_is_its_files_target_with_its_values(choice, cls, values):
+    model = torch.nn.Linear(2, 1)
+    optimizer = build_optimizer(make_config(f"optim={choice}").optim, model)
+    assert type(optimizer) is cls
+    assert {key: optimizer.param_groups[0][key] for key in values} == values
+    assert optimizer.param_groups[0]["params"] == list(model.parameters())
+
+
+@pytest.mark.parametrize("choice,cls,values", [
+    ("cosine", torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": 12, "eta_min": 0.0}),
+    ("multistep", torch.optim.lr_scheduler.MultiStepLR, {"gamma": 0.1}),
+    ("plateau", torch.optim.lr_scheduler.ReduceLROnPlateau, {"factor": 0.1, "patience": 10, "threshold": 1e-4}),
+    ("constant", torch.optim.lr_scheduler.ConstantLR, {"factor": 1.0, "total_iters": 0}),
+    ("inverse_sqrt", torch.optim.lr_scheduler.ConstantLR, {"factor": 1.0, "total_iters": 0}),
+])
+def test_the_schedule_is_its_files_target_with_its_values(choice, cls, values):
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = build_scheduler(make_config(f"sched={choice}").sched, optimizer, 12)
+    assert type(scheduler) is cls
+    assert {key: getattr(scheduler, key) for key in values} == values
+
+
+@pytest.mark.parametrize("key,value", [("optim._target_", "torch.optim.Adam"), ("sched._partial_", False)])
+def test_a_target_other_than_its_files_is_refused(key, value):
+    cfg = make_config()
+    OmegaConf.update(cfg, key, value)
+    with pytest.raises(ConfigError, match=rf"^{key}={value!r} is not allowed: .* is built by its file's "):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("group,schemas", [("optim", schema.OPTIMIZERS), ("sched", schema.SCHEDULES)])
+def test_every_optimizer_and_schedule_file_has_a_schema_of_its_keys(group, schemas):
+    files = {path.stem: OmegaConf.load(path) for path in (conf_dir() / group).glob("*.yaml")}
+    assert set(files) == set(schemas)
+    for name, cfg in files.items():
+        assert {item.name for item in dataclasses.fields(schemas[name])} == set(cfg) - {"name", "_target_", "_partial_"}

@@ -189,8 +189,8 @@ def test_a_language_model_trains_with_adam_and_inverse_sqrt_unless_the_command_l
         return OmegaConf.to_container(OmegaConf.load(conf_dir() / name / f"{option}.yaml"))
 
     lm = make_config("model=transformer", "data=text")
-    assert OmegaConf.to_container(lm.optim, resolve=True) == {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.98],
-                                                               "eps": 1e-9, "weight_decay": 0.0}
+    assert OmegaConf.to_container(lm.optim, resolve=True) == {"name": "adam", "_target_": "torch.optim.Adam", "_partial_": True,
+                                                               "lr": 1e-3, "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0}
     assert OmegaConf.to_container(lm.sched, resolve=True) == {"name": "inverse_sqrt", "warmup_steps": 100}
     base = make_config("model=transformer", "model.preset=base", "data=text")  # Vaswani's (d_model * warmup)^-0.5
     assert base.optim.lr == pytest.approx((512 * 4000) ** -0.5, rel=0.01) and base.sched.warmup_steps == 4000

@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch import nn
 
+from qtrain.config.schema import is_integer, is_real
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
 from qtrain.precision import PrecisionRecord
@@ -50,7 +51,7 @@ def check_bits(cfg: DictConfig, *keys: str, low: int = 1, high: int = 32, prefix
     for key in keys:
         value = cfg[key]
         for bits in value if isinstance(value, ListConfig) else [value]:
-            if isinstance(bits, bool) or not isinstance(bits, int) or not low <= bits <= high:
+            if not is_integer(bits) or not low <= bits <= high:
                 raise ConfigError(f"{prefix}{key}={_plain(value)!r} is not allowed: "
                                   f"bit-widths are integers from {low} to {high}")
 
@@ -58,7 +59,7 @@ def check_bits(cfg: DictConfig, *keys: str, low: int = 1, high: int = 32, prefix
 def check_positive(cfg: DictConfig, key: str, high: float | None = None) -> None:
     """A number > 0 (and <= ``high``), or a non-empty list of them."""
     values = cfg[key] if isinstance(cfg[key], ListConfig) else [cfg[key]]
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= (high or float("inf"))
+    if not values or any(not is_real(v) or not 0 < v <= (high or float("inf"))
                          for v in values):
         shown = list(cfg[key]) if isinstance(cfg[key], ListConfig) else cfg[key]
         bound = f"in (0, {high:g}]" if high else "> 0"
@@ -73,7 +74,7 @@ def check_choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
 def check_int(cfg: DictConfig, key: str, low: int, high: int | None = None, prefix: str = "method.") -> None:
     """An integer in [low, high] (no upper bound where ``high`` is None)."""
     value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+    if not is_integer(value) or value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f">= {low}"
         raise ConfigError(f"{prefix}{key}={value!r} is not allowed: it must be an integer {bound}")
 
@@ -81,7 +82,7 @@ def check_int(cfg: DictConfig, key: str, low: int, high: int | None = None, pref
 def check_number(cfg: DictConfig, key: str, low: float, high: float, prefix: str = "method.") -> None:
     """A number in [low, high]."""
     value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    if not is_real(value) or not low <= value <= high:
         raise ConfigError(f"{prefix}{key}={value!r} is not allowed: it must be a number from {low:g} to {high:g}")
 
 

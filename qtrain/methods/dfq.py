@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config.schema import is_integer
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, StepInfo, check_bits, check_choice, check_positive
@@ -46,7 +47,7 @@ def parse_options(options: Any) -> list[tuple[int, int]]:
         raise error
     pairs = [(p[0], p[1]) for p in options]
     run = pairs[int(bool(pairs) and pairs[0] == (0, 0)):]
-    if not run or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 32 for pair in run for b in pair):
+    if not run or any(not is_integer(b) or not 1 <= b <= 32 for pair in run for b in pair):
         raise error
     return pairs
 
@@ -68,7 +69,7 @@ class DFQ(Method):
             value = cfg.gate[key]
             if key == "width" and value is None:
                 continue  # one conv straight to the embedding (the reference's ImageNet gates)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_integer(value) or value < 1:
                 allowed = "an integer >= 1 or null (one conv to the embedding)" if key == "width" else "an integer >= 1"
                 raise ConfigError(f"method.gate.{key}={value!r} is not allowed: it must be {allowed}")
         check_choice(cfg, "execution", EXECUTIONS)

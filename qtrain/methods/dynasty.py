@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config.schema import is_integer
 from qtrain.errors import ConfigError
 from qtrain.methods import dynasty_map
 from qtrain.methods.base import Method, RunFacts, check_choice, check_int, check_number
@@ -35,7 +36,7 @@ ACT_MAPS = ("weight_gradient", "forward")
 
 def _check_levels(cfg: DictConfig) -> tuple[int, ...]:
     levels = list(cfg.levels) if cfg.levels is not None else []
-    if (not levels or any(isinstance(v, bool) or not isinstance(v, int) for v in levels)
+    if (not levels or any(not is_integer(v) for v in levels)
             or levels != sorted(set(levels)) or levels[0] < 0 or levels[-1] > cfg.max_bits):
         raise ConfigError(f"method.levels={levels!r} is not allowed: a non-empty ascending list of distinct integers "
                           f"from 0 to method.max_bits ({cfg.max_bits})")

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config.schema import is_integer
 from qtrain.cost.adapt_model import LayerState, check_baselines
 from qtrain.errors import ConfigError
 from qtrain.methods.base import RunFacts, StepInfo, check_bits, check_choice, check_int, check_number
@@ -86,7 +87,7 @@ class MuPPET(PricedByPerformanceModel):
             raise ConfigError(f"method.schedule={schedule!r} is not allowed: strictly increasing word lengths "
                               "from 2 to 32, at least one (32, float32, can only be the last)")
         resolution = cfg.resolution
-        if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 2:
+        if not is_integer(resolution) or resolution < 2:
             raise ConfigError(f"method.resolution={resolution!r} is not allowed: it must be an integer >= 2 (a window "
                               "keeps one gradient per epoch, and the diversity of one gradient is always 1)")
         check_int(cfg, "patience", 1)

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from qtrain.config.schema import is_integer
 from qtrain.errors import ConfigError
 
 
@@ -68,7 +69,7 @@ class StageSchedule:
             if not isinstance(cfg[key], (int, float)) or cfg[key] <= 0:
                 raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be a number > 0")
         for key, low in (("window", 2), ("scale_epochs", 1)):
-            if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < low:
+            if not is_integer(cfg[key]) or cfg[key] < low:
                 raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be an integer >= {low}")
         self.stages, self.manual = stages, cfg.switch == "manual"
         self.manual_epochs = list(cfg.manual_epochs or [])

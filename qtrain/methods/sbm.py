@@ -14,6 +14,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from torch import nn
 
+from qtrain.config.schema import is_real
 from qtrain.errors import ConfigError
 from qtrain.methods.base import Method, check_bits
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
@@ -28,7 +29,7 @@ def check_range_linear(cfg: DictConfig) -> None:
     if cfg.act_range not in ("tensor", "sample_mean"):
         raise ConfigError(f"method.act_range={cfg.act_range!r} is not allowed (choose from: tensor, sample_mean)")
     momentum = cfg.act_momentum
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+    if not is_real(momentum) or not 0 <= momentum < 1:
         raise ConfigError(f"method.act_momentum={momentum!r} is not allowed: the running range's weight on its "
                           "old value, a number in [0, 1)")
     if cfg.depthwise_bits is not None:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from qtrain.config.schema import is_integer, is_real
 from qtrain.errors import ConfigError
 from qtrain.quant.layers import MatMul
 from qtrain.task import LANGUAGE_MODEL
@@ -96,13 +97,13 @@ class TransformerLM(nn.Module):
         preset_value(config.get("preset", "base"), "layers")
         for key in SIZES:
             value = config.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ConfigError(f"model.{key}={value!r} is not allowed: it must be an integer >= 1")
         if config["d_model"] % config["heads"] or config["d_model"] % 2:
             raise ConfigError(f"model.d_model={config['d_model']} is not allowed with model.heads={config['heads']}: "
                               "d_model must be even and a multiple of heads")
         dropout = config.get("dropout")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        if not is_real(dropout) or not 0 <= dropout < 1:
             raise ConfigError(f"model.dropout={dropout!r} is not allowed: it must be a number in [0, 1)")
 
     def __init__(self, vocab_size: int, layers: int = 6, d_model: int = 512, heads: int = 8, ffn: int = 2048,

@@ -485,9 +485,9 @@ def header_commands(experiment: str) -> tuple[tuple[str, ...], ...]:
 def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from qtrain.config import _compose
+    from qtrain.config.command_line import compose_config
 
-    return OmegaConf.to_container(_compose(resources.conf_dir(), list(overrides)), resolve=True, throw_on_missing=False)
+    return OmegaConf.to_container(compose_config(resources.conf_dir(), list(overrides)), resolve=True, throw_on_missing=False)
 
 
 def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> list[str] | None:
@@ -495,7 +495,7 @@ def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> lis
     value (None where it holds none of it), the scale is ``scale`` where one is given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from qtrain.config import _values
+    from qtrain.config.command_line import override_values
 
     wanted = {"method": cell.method, "model": cell.model, "data": cell.data, **dict(_parse_setting(cell.setting))}
     tokens = {"method": f"method={cell.method}", "model": f"model={cell.model}", "data": f"data={cell.data}",
@@ -509,7 +509,7 @@ def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> lis
         if key == "scale" and scale is not None:
             narrowed.append(f"scale={scale}")
         elif override.is_sweep_override() and key in wanted:
-            if not any(_same(value, wanted[key]) for value in _values(override)):
+            if not any(_same(value, wanted[key]) for value in override_values(override)):
                 return None
             narrowed.append(tokens[key])
         else:

@@ -24,12 +24,13 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from qtrain.catalog import GATE_OPTIONS, GATED, HARDWARE
+from qtrain.config import NOT_CONFIGURATION
 from qtrain.report.runs import ReportError, Run, flatten
 from qtrain.resources import conf_dir
 
 # Keys that never make two runs different configurations (seeds and folds are aggregated; paths and plumbing
 # change nothing).
-IGNORED = ("seed", "data.fold", "data.root", "train.init_from", "force", "progress", "device")
+IGNORED = NOT_CONFIGURATION
 # A run's figures (percentages in points), then the hardware models' cumulative seconds and joules.
 SCORES = ("test_acc", "best_test_acc", "test_ppl", "effective_macs", "percent_of_float32")
 HARDWARE_FIGURES = tuple(f"{model}_{unit}" for model, _ in HARDWARE for unit in ("seconds", "joules"))

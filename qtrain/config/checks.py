@@ -1,0 +1,53 @@
+"""The checks of a composed config's run-level values (training length, batch sizes, device, data, optimizer,
+schedule), made before any work; a method's own values are checked by its constructor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from qtrain.config import schema
+from qtrain.config.command_line import group_options
+from qtrain.config.identity import INSTANTIATION_KEYS
+from qtrain.data.registry import dataset
+from qtrain.errors import ConfigError
+
+
+def _check_root(data: DictConfig) -> None:
+    """A dataset read from files names the folder that holds them (scale=smoke's stand-ins read none)."""
+    if OmegaConf.is_missing(data, "root"):
+        raise ConfigError(f"data.root is not set: pass data.root=DIR, the folder that holds the {data.name} files")
+    if not isinstance(data.root, str) or not Path(data.root).expanduser().is_dir():
+        raise ConfigError(f"data.root={data.root!r} is not allowed: it must be the folder that holds the {data.name} files")
+
+
+def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
+    """``<group>.name`` names a file of ``conf/<group>/``, and the group's Hydra instantiation keys are that file's."""
+    from qtrain.resources import conf_dir
+
+    name = cfg[group].name
+    options = group_options(conf_dir(), group)
+    if name not in options:
+        raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(options)})")
+    own = OmegaConf.load(conf_dir() / group / f"{name}.yaml")
+    for key in INSTANTIATION_KEYS:
+        value, allowed = OmegaConf.select(cfg, f"{group}.{key}"), own.get(key)
+        if value != allowed:
+            raise ConfigError(f"{group}.{key}={value!r} is not allowed: {group}={name} is built by its file's "
+                              f"{key} ({allowed}), since the run's identity holds the name (choose another {group}=NAME)")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule)."""
+    schema.read(schema.Train, cfg.train, "train")
+    schema.read(schema.TopLevel, cfg)
+    entry = dataset(cfg.data.name)
+    if entry.needs_root:
+        _check_root(cfg.data)
+    schema.read(schema.DATA[entry.kind], cfg.data, "data")
+    _require_own_file(cfg, "optim", "optimizer")
+    schema.read(schema.OPTIMIZERS[cfg.optim.name], cfg.optim, "optim")
+    _require_own_file(cfg, "sched", "schedule")
+    schema.read(schema.SCHEDULES[cfg.sched.name], cfg.sched, "sched")
+    schema.read(schema.Hardware, cfg.hardware, "hardware")

@@ -1,0 +1,227 @@
+"""The command-line check: what ``qtrain``'s overrides name and set, read before Hydra composes anything."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from qtrain.errors import ConfigError
+
+GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
+LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
+# Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
+MAX_COMPOSED = 16
+
+
+def group_options(conf_dir: Path, group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except HydraException as err:
+            lines = [line for line in str(err).splitlines() if not line.startswith(("See ", "Error parsing override"))]
+            reason = lines[0].strip() if lines else "not Hydra's override syntax"
+            if "=" not in text and parsed:  # the shell split a value at a space: its tail came as a word of its own
+                reason += f" (a value with spaces must be quoted: {parsed[-1].input_line.partition('=')[0]}=\"... {text}\")"
+            raise ConfigError(f"cannot read the override {text!r}: {reason}") from None
+    return parsed
+
+
+def override_values(override: Any) -> list[Any]:
+    """The values an override sets: one, or each of a sweep's (an interval sweep gives none to check)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    if override.is_discrete_sweep() and override.value_type.name != "GLOB_CHOICE_SWEEP":
+        return list(override.sweep_iterator())
+    return []
+
+
+def sweep_size(overrides: list[str]) -> int | None:
+    """How many jobs Hydra's basic sweeper makes of ``overrides`` (every combination), or None where a sweep's
+    values are Hydra's to expand (a glob or an interval)."""
+    size = 1
+    for override in _parse(overrides):
+        if override.is_sweep_override():
+            values = override_values(override)
+            if not values:
+                return None
+            size *= len(values)
+    return size
+
+
+def swept_keys(overrides: list[str]) -> set[str]:
+    """The keys (and groups) a sweep's command line gives several values."""
+    return {override.key_or_group for override in _parse(overrides) if override.is_sweep_override()}
+
+
+def _is_group(override: Any) -> bool:
+    return override.key_or_group in GROUPS and override.package is None
+
+
+def compose_config(conf_dir: Path, choices: list[str], with_hydra: bool = False) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return compose(config_name="config", overrides=choices, return_hydra_config=with_hydra)
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    node: Any = cfg
+    for part in key.split("."):
+        if isinstance(node, DictConfig) and part in node.keys():
+            node = node._get_node(part)
+        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))
+        else:
+            return False
+    return True
+
+
+def _unknown_key(key: str, cfg: DictConfig, what: str) -> ConfigError:
+    """``what`` and a hint: the nearest key where the path leaves the config, else the keys that are there."""
+    node: Any = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, DictConfig) and part in node.keys():
+            node = node._get_node(part)
+            continue
+        where = ".".join(parts[:i]) or "the config"
+        siblings = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+        nearest = difflib.get_close_matches(part, siblings, n=1, cutoff=0.6)
+        if nearest:
+            hint = f"did you mean {'.'.join([*parts[:i], nearest[0], *parts[i + 1:]])}?"
+        else:
+            hint = f"{where} has: {', '.join(siblings)}" if siblings else f"{where} holds no keys"
+        return ConfigError(f"{what} ({hint})")
+    return ConfigError(what)
+
+
+_KINDS = (  # (type of the default, types a new value may have, what to call them)
+    (bool, (bool,), "true or false"),
+    (int, (int,), "an integer"),
+    (float, (int, float), "a number"),
+    (str, (str,), "a string"),
+    (list, (list,), "a list"),
+    (dict, (dict,), "a mapping"),
+)
+
+
+def _check_type(key: str, default: Any, value: Any) -> None:
+    if default is None or default == "???" or (isinstance(value, str) and "${" in value):
+        return  # no default to compare with, or an interpolation resolved later
+    if isinstance(default, (ListConfig, DictConfig)):
+        default = OmegaConf.to_container(default)
+    for kind, allowed, name in _KINDS:
+        if isinstance(default, kind):
+            if value is not None and (not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool))):
+                raise ConfigError(f"{key}={value!r} is not allowed: it must be {name}")
+            return
+
+
+def _check_key(cfg: DictConfig, override: Any, what: str = "") -> None:
+    key = override.key_or_group
+    if not _has_key(cfg, key):
+        raise _unknown_key(key, cfg, f"unknown key {key}{what}")
+    default = OmegaConf.select(cfg, key, throw_on_missing=False)
+    for value in override_values(override):
+        _check_type(key, default, value)
+
+
+def launcher_options(conf_dir: Path) -> list[str]:
+    """What ``hydra/launcher=NAME`` may name: qtrain's launchers (``conf/hydra/launcher/``) and Hydra's installed ones."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # discovering Hydra's plugins imports them, and they store their launchers' configs
+    stored = (name.removesuffix(".yaml") for name in ConfigStore.instance().list(LAUNCHER))
+    return sorted({*group_options(conf_dir, LAUNCHER), *stored})
+
+
+def _check_launcher(overrides: list[Any], conf_dir: Path) -> None:
+    """``hydra/launcher=NAME`` names a launcher; ``hydra.launcher.KEY=VALUE`` one of its keys, with a value of its type.
+
+    Deeper keys, ``+`` and ``~`` are Hydra's to check (``hydra.launcher.additional_parameters`` takes any key).
+    """
+    choices = [o for o in overrides if o.key_or_group == LAUNCHER]
+    if choices:
+        options = launcher_options(conf_dir)
+        for name in (name for o in choices for name in override_values(o)):
+            if name not in options:
+                raise ConfigError(f"unknown launcher {name!r} (choose from: {', '.join(options)})")
+    keys = [o for o in overrides if o.key_or_group.startswith("hydra.launcher.") and o.key_or_group.count(".") == 2
+            and not (o.is_add() or o.is_delete())]
+    if keys:
+        cfg = compose_config(conf_dir, [o.input_line for o in choices], with_hydra=True)
+        for override in keys:
+            _check_key(cfg, override, f" of hydra/launcher={cfg.hydra.runtime.choices[LAUNCHER]}")
+
+
+def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
+    """Raise ConfigError for an override that names no group choice or key, or gives a value of the wrong type."""
+    everything = _parse(overrides)
+    seen: dict[str, str] = {}
+    for override in everything:
+        key, text = override.key_or_group, override.input_line or override.key_or_group
+        if key in seen:
+            raise ConfigError(f"{key} is given twice ({seen[key]}, {text}): give it once")
+        seen[key] = text
+    _check_launcher([o for o in everything if o.is_hydra_override()], conf_dir)
+    parsed = [o for o in everything if not o.is_hydra_override()]
+    for override in parsed:
+        text = override.input_line or override.key_or_group
+        if override.is_sweep_override() and not multirun:
+            raise ConfigError(f"{text} is a sweep: add -m (--multirun) to run one job per value")
+        if not _is_group(override):
+            continue
+        if override.is_delete() or override.is_add():
+            raise ConfigError(f"{text} is not allowed: pick one with {override.key_or_group}=NAME")
+        options = group_options(conf_dir, override.key_or_group)
+        for choice in override_values(override):
+            if choice not in options and not (override.key_or_group == "experiment" and choice is None):
+                raise ConfigError(f"unknown {override.key_or_group} {choice!r} (choose from: {', '.join(options)})")
+    choices = [[f"{o.key_or_group}={'null' if v is None else v}" for v in override_values(o)] for o in parsed
+               if _is_group(o) and override_values(o)]  # a glob sweep's choices are Hydra's to expand: the default stands in
+    keys = [o for o in parsed if not _is_group(o)]
+    if not keys:
+        return
+    configs = [compose_config(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)]
+    for override in keys:
+        key, text = override.key_or_group, override.input_line or override.key_or_group
+        if override.is_add():
+            if all(_has_key(cfg, key) for cfg in configs):
+                raise ConfigError(f"{text} is not allowed: {key} is set already (drop the +)")
+            raise _unknown_key(key, configs[0], f"{text} is not allowed: nothing reads {key}")
+        if override.is_delete():
+            raise ConfigError(f"{text} is not allowed: qtrain reads every key of its config (set {key} instead)")
+        for cfg in configs:
+            _check_key(cfg, override)
+    settings = [o.input_line for o in keys if not o.is_sweep_override()]
+    for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED):
+        _resolve(compose_config(conf_dir, [*combo, *settings]))
+
+
+def _resolve(cfg: DictConfig) -> None:
+    """Resolve every interpolation of ``cfg``: a value a resolver refuses (``model.preset``) is a one-line error."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except InterpolationResolutionError as err:
+        cause = err.__cause__ or err.__context__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise ConfigError(str(cause)) from None

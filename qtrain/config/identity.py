@@ -1,0 +1,108 @@
+"""A run's identity: the keys that define it (:data:`RUN_KEYS` says which do not, or not wholly), and its digest."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from qtrain import distributed
+
+INSTANTIATION_KEYS = ("_target_", "_partial_")  # Hydra's, in conf/optim and conf/sched
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What a key is to a run. A key not in :data:`RUN_KEYS` is in the identity, names the run directory where the
+    command line sets it, and makes runs different configurations in qtrain-report's tables."""
+
+    identity: bool = True  # in the run's identity: its directory's id= digest and the guard of a resume
+    path: bool = False  # made absolute in the identity: one folder named from two working directories is one run
+    names_dir: bool = True  # an override of it is part of the run directory's name (hydra.job.override_dirname)
+    configuration: bool = True  # runs that differ in it are different configurations (rows) in qtrain-report
+
+
+_PLUMBING = RunKey(identity=False, names_dir=False, configuration=False)
+# The keys that do not define a run, or not wholly. Everything else is the run's identity, ``device`` (CPU and GPU
+# kernels round differently) and ``fused`` (compiled kernels reorder float reductions) included.
+RUN_KEYS: dict[str, RunKey] = {
+    "force": _PLUMBING,  # whether to start over
+    "progress": _PLUMBING,  # progress bars on the terminal
+    # Hydra's instantiation keys: the identity holds the optimizer's and schedule's name, and validate() holds
+    # these to the named file's
+    **{f"{group}.{key}": _PLUMBING for group in ("optim", "sched") for key in INSTANTIATION_KEYS},
+    "hydra.run.dir": _PLUMBING, "hydra.sweep.dir": _PLUMBING, "hydra.sweep.subdir": _PLUMBING,  # where, not what
+    "data.root": RunKey(path=True, names_dir=False, configuration=False),  # the data is the dataset's, wherever it is
+    "train.init_from": RunKey(path=True, names_dir=False, configuration=False),
+    "seed": RunKey(configuration=False),  # a row averages its seeds
+    "data.fold": RunKey(configuration=False),  # and its cross-validation folds
+    "device": RunKey(configuration=False),
+}
+NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
+PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)
+NOT_IN_DIR_NAME = tuple(key for key, role in RUN_KEYS.items() if not role.names_dir)
+NOT_CONFIGURATION = tuple(key for key, role in RUN_KEYS.items() if not role.configuration)
+
+
+def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
+    """The resolved config minus :data:`NOT_IDENTITY`, with :data:`PATH_KEYS` made absolute, and the world size above 1."""
+    if isinstance(config, DictConfig):
+        plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
+    else:
+        plain = copy.deepcopy(config)
+    plain.pop("hydra", None)
+    for dotted in NOT_IDENTITY:
+        *sections, key = dotted.split(".")
+        _section(plain, sections).pop(key, None)
+    for dotted in PATH_KEYS:
+        *sections, key = dotted.split(".")
+        section = _section(plain, sections)
+        if isinstance(section.get(key), str) and section[key] != "???":
+            section[key] = os.path.abspath(os.path.expanduser(section[key]))
+    if distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
+        plain["world_size"] = distributed.world_size()
+    data = plain.get("data")
+    if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
+        data["python"] = platform.python_version()
+    return plain
+
+
+def _section(plain: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The mapping at ``names`` in ``plain``, or an empty one where there is none."""
+    for name in names:
+        plain = plain.get(name) if isinstance(plain.get(name), dict) else {}
+    return plain
+
+
+def digest(ident: dict[str, Any]) -> str:
+    """A short hash of an identity: 8 hex digits, in the run directory's name."""
+    text = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def first_difference(old: Any, new: Any, prefix: str = "") -> str:
+    """``key old → new`` for the first key whose values differ (a section's ``name`` first, then sorted), or ``""``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=lambda k: (k != "name", k)):
+            found = first_difference(old.get(key, _ABSENT), new.get(key, _ABSENT), f"{prefix}{key}.")
+            if found:
+                return found
+        return ""
+    if old == new or (isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)):
+        return ""
+    return f"{prefix[:-1]} {old!r} → {new!r}"
