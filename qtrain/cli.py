@@ -1,17 +1,11 @@
-"""Entry points: ``qtrain`` (the Hydra app over ``conf/``).
+"""Entry point ``qtrain``: the Hydra app over ``conf/`` and its callback :class:`RunCallback`.
 
-Errors come up front, as one line ``qtrain: error: ...`` with exit code 2 (3 for a diverged run):
-
-- the command line is checked before Hydra composes anything (:func:`qtrain.config.check_command_line`);
-- in a single run, every check that needs no data runs before Hydra creates the run directory
-  (:meth:`RunCallback.on_run_start`), and a later error removes the folders this run created.
-
-In a sweep (``-m``) a job's failure, of any kind, is recorded in its directory and the sweep goes on;
-at the end one table lists every job, and the exit code is 1 if any failed or diverged. Jobs may run
-in other processes (``hydra/launcher=parallel``) or on other hosts (``hydra/launcher=slurm``): each
-reports to the sweep through a file of its own, and gets the torch threads :mod:`qtrain.launch` decides.
-
-torch and pandas are imported only once a run starts, so ``--help`` and a bad command line answer at once.
+:func:`main` checks the command line before Hydra composes anything (:func:`qtrain.config.check_command_line`);
+the callback checks a single run before Hydra creates its directory and removes the folders a later error leaves;
+in a sweep (``-m``) it gives each job its torch threads (:mod:`qtrain.launch`), records each job's outcome in a
+file of its own and prints the closing tables. Errors are one line, ``qtrain: error: ...``, exit code 2 (3 for
+a diverged run, 1 for a sweep with a failed job). torch and pandas are imported only once a run starts.
+docs/running.md describes the errors and sweeps; docs/design.md the run lifecycle.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """One run on several processes (DistributedDataParallel under ``torchrun``): who is who, and the reductions.
 
-``torchrun --nproc-per-node=N -m qtrain.cli ...`` starts N copies of qtrain with ``WORLD_SIZE``,
-``RANK`` and ``LOCAL_RANK`` set; :func:`setup` joins them into one process group (gloo on the CPU,
-nccl on CUDA with each rank on ``cuda:LOCAL_RANK``). Without torchrun (``WORLD_SIZE`` unset or 1)
-every helper here is a no-op and returns its input, so one process runs exactly as before.
-
-Rank 0 is the writer: it alone locks the run directory and writes results and checkpoints. Every
-precision decision that reads data reads values reduced here, so every rank decides the same.
-torch is imported inside the functions: ``qtrain.config`` reads the world size (part of a run's
-identity) before the command line has been checked, when torch is not loaded yet.
+:func:`setup` joins the processes into one group and :func:`wrap` makes the model DistributedDataParallel;
+the other helpers reduce, gather and broadcast what every rank must agree on, and return their input in a
+single process. Rank 0 is the writer (:func:`is_writer`). torch is imported inside the functions:
+``qtrain.config`` reads the world size (part of a run's identity) before the command line has been checked,
+when torch is not loaded yet.
+docs/running.md ("One run on several processes") describes the behaviour.
 """
 
 from __future__ import annotations

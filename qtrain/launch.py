@@ -1,18 +1,9 @@
 """How the jobs of a sweep share a machine: the torch threads each job gets under Hydra's launchers.
 
-- ``hydra/launcher=parallel`` (Hydra's joblib launcher) runs up to ``n_jobs`` jobs at a time in worker
-  processes on this machine; each job gets an equal share of the cores, ``cores // running jobs``
-  (at least one), where the running jobs are ``n_jobs`` (joblib's reading: -1 all cores, -2 all but one)
-  or the sweep's size where that is smaller.
-- ``hydra/launcher=slurm`` and submitit's local launcher give each job ``cpus_per_task`` CPUs.
-- The basic launcher runs one job at a time, with torch's own choice (every core).
-
-Under the parallel launcher the jobs' log lines (each epoch's line) go to one terminal side by side: each job
-prefixes its own with a tag, its number and the values of the keys the sweep varies (:func:`tag_log_lines`).
-
-The decision is made once, when the sweep starts (:func:`job_threads`, before any work, so a bad
-``n_jobs`` is one line), and applied in each job's process before torch starts its thread pools
-(:func:`use_threads`); ``summary.json`` records the threads a run had.
+:func:`job_threads` decides them once, when the sweep starts (a bad ``n_jobs`` is a one-line error before any
+work); :func:`use_threads` applies them in each job's process before torch starts its thread pools;
+:func:`tag_log_lines` prefixes a parallel job's log lines with its number and the values of the swept keys.
+docs/running.md ("Sweeps on many cores and on a cluster") gives the rule for each launcher.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Run outputs: metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt.
+"""Run outputs: metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt, and the run lock.
 
-Every file is written to a temporary name in the run directory and renamed over the old one, so a
-kill at any moment leaves either the previous complete file or the new complete file, never half;
-files get the mode the umask gives. A temporary file left by a kill is removed when the run resumes.
-Checkpoints hold tensors and plain Python values only and load with ``weights_only=True``, so a
-checkpoint from elsewhere (``train.init_from``) cannot run code.
-
-:class:`RunLock` makes a run directory one process's at a time: an exclusive ``flock`` on
-``.qtrain.lock`` naming its holder. The kernel drops the lock when the holder exits, however it ends,
-so the lock of a killed run is stale at once.
+Every file is written atomically (:func:`atomic_write`: a temporary name in the run directory, renamed over the
+old file); checkpoints hold tensors and plain values only and load with ``weights_only=True``.
+:class:`RunLock` makes a run directory one process's at a time (an exclusive ``flock`` on ``.qtrain.lock``).
+docs/running.md ("Run directories and results") describes each file and the lock.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """One run: config -> data, model, method, trainer -> results; resume from the run directory.
 
-A run directory holds one run, named by the run's *identity*: its whole resolved config minus the
-keys that cannot change its results (``force``, ``progress``, and the optimizer's and schedule's ``_target_`` and
-``_partial_``, which their names fix; :data:`qtrain.config.NOT_IDENTITY`),
-with ``data.root`` and ``train.init_from`` made absolute paths. ``device`` and ``fused`` are part of
-it: CPU and GPU kernels, and compiled and eager ones, round differently. The directory's name ends in
-``id=`` and a digest of the identity, and every checkpoint and summary stores the identity itself.
-
-:func:`run` first does every check that needs no data (:func:`preflight`: the run's values, the
-method's, ``train.init_from``, that the directory can be written), then locks the directory and reads
-what it holds:
-
-- nothing: a new run starts, unless a directory beside it holds the same identity finished (the same
-  configuration under another name, e.g. with ``seed=0`` spelt out): that run is reported, not trained again;
-- a run of another identity: a one-line error naming the first differing key (old → new), the
-  directory left as it was (``force=true`` replaces that run);
-- a completed run (one its method stopped before ``train.epochs`` too, ``stopped_early`` in its
-  summary): its summary is reported again; a diverged run: the divergence is reported again
-  (exit code 3); ``force=true`` starts either over;
-- a failed sweep job (a ``failed`` summary, :func:`record_failure`): it is redone, from its
-  checkpoint if it has one; a checkpoint alone: the run resumes.
-
-After every epoch the metrics, precision and cost tables and a checkpoint are written atomically, so
-a crash or kill loses at most the epoch in progress.
-
-Under ``torchrun`` (:mod:`qtrain.distributed`) only rank 0 locks the directory, decides what it holds
-and writes; it tells the other ranks its decision (a one-line error, a finished run's summary, or
-train from the checkpoint it found) and every rank then loads that same checkpoint. The world size
-is part of the identity (BatchNorm statistics and activation ranges are per rank), so a run resumes
-only under the world size it started with. Each rank keeps its own RNG stream (stochastic rounding
-of its own samples); the checkpoint holds every rank's.
+:func:`run` first does every check that needs no data (:func:`preflight`), then locks the run directory and
+reads what it holds: nothing (a new run, or a finished twin under another name reported), another identity
+(a one-line error), a finished or diverged run (reported again), a failed sweep job (redone, from its checkpoint
+if it has one) or a checkpoint alone (resumed). It writes the results and a checkpoint after every epoch, and the
+summary at the end. Under ``torchrun`` rank 0 decides and writes, and the other ranks follow its decision.
+docs/running.md describes the run directory, the identity and resuming; docs/design.md the run lifecycle.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The one training loop: batches in, method hooks, cost meter, evaluation.
 
-Per micro-batch: forward, task loss plus the method's terms, a NaN/inf check, backward, and the
-meter charged at the method's current precision. Every ``accum_steps`` micro-batches: the method
-reads the gradients, the optimizer steps, the method acts on the new weights. Per epoch: evaluation,
-the schedule, the method's epoch decision, then ``on_epoch_end`` (results and checkpoint, in run.py);
-training ends after ``epochs`` epochs or once the method says it has stopped (:meth:`Method.stopped`).
-
-On several processes (:mod:`qtrain.distributed`) ``model`` is the DistributedDataParallel wrapper
-and each rank trains on its slice of every batch. Each micro-batch's loss is weighted by the rank's
-share of it, so the averaged gradient is the one-process gradient of the whole batch; the losses the
-trainer and the divergence check read are summed over ranks per micro-batch; at the epoch's end the
-accuracy, the precision record, the buffers (BatchNorm statistics, running ranges) and the cost
-meter are reduced, and evaluation runs on slices of the test set whose sums are reduced, so every
-rank sees the same metrics before the method's epoch decision.
+:class:`Trainer` runs the micro-batches (forward, the task loss plus the method's terms, a NaN/inf check,
+backward, the meter charged at the method's precision), an optimizer step every ``accum_steps`` of them between
+the method's hooks, and per epoch the evaluation, the schedule and the method's decision, until ``epochs`` or
+:meth:`Method.stopped`. On several processes it reduces what every rank must see alike. docs/design.md (the run
+lifecycle, the method interface) and docs/running.md ("One run on several processes") describe it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""``qtrain-report DIR...``: the runs under the given folders as markdown tables, and optionally as CSV,
-LaTeX, PNG plots and one HTML page; ``--paper`` sets published tables beside our figures. Runs that differ
-only in seed or cross-validation fold are one row: their mean ± std, or with ``--aggregate best`` the best
-run's figures (AdaPT's tables: the best of 10 folds, ``data.fold=0..9``).
+"""``qtrain-report DIR...``: the command that reads run directories and writes the report.
 
-A paper table's cells reproduced at paper scale are shown beside the paper's with the difference. Cells of
-runs at a reduced scale (``mini``, ``smoke``) are shown in two parts: what compares across scales (each
-accuracy as its difference to the table's baseline row, each cost, energy and latency as the percentage saved
-against it, beside the same figure computed from the paper's cells; figures that are relative already), then
-the absolute figures as scale-bound context. ``--stand-in cifar10=cifar100`` reads runs on one dataset as
-stand-ins for a paper's cells on another (FracTrain Table 5 on CIFAR-10's halves where CIFAR-100 is not at hand):
-they are read as at a reduced scale, whatever their scale, and marked in a ``stand_in`` column (so are the smoke
-scale's synthetic stand-ins). The cells without a run are listed in two groups: not produced by
-qtrain (and why), and not run yet (with the command that makes them).
-
-Errors are one line, ``qtrain-report: error: ...``, exit code 2, before anything is written: an
-output that cannot be written included. A damaged run is a row of its own (``runs.py``) and each
-run identity is counted once.
+Parses the arguments, reads the runs (:mod:`qtrain.report.runs`, each identity once), and prints the runs
+table (:mod:`qtrain.report.tables`), with ``--paper`` the published tables beside ours (:mod:`qtrain.report.paper`),
+and optionally writes CSV, LaTeX, PNG plots (:mod:`qtrain.report.plots`) and one HTML page. Errors are one line,
+``qtrain-report: error: ...``, exit code 2, before anything is written. docs/reports.md describes the report.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """Paper mode: the published tables (``results/paper/*.csv``) with our runs' figures beside them.
 
-Each CSV cell names the qtrain run that reproduces it (method, model, data and the overrides in
-``setting``) and which figure it is (``metric``; the vocabulary is ``results/paper/README.md``'s). A cell
-is matched by every run of that method, model and data whose config holds each override of its
-setting, ``train.epochs`` excepted (a ``mini`` or ``smoke`` scale shortens training; ``smoke``'s synthetic data
-names the dataset it stands in for in ``data.stand_in_for``, and ``qtrain-report --stand-in`` names one for real
-data: :attr:`Run.paper_data`); the mean and standard deviation over its
-seeds and folds (``aggregate="mean"``), or the figure of its best run (``aggregate="best"``: highest final test
-accuracy) are shown beside the paper's figure, with the difference ours − paper. The AdaPT tables are the
-best of 10 cross-validation folds (lorenz0890/AdaPT, ``utils/cv.py``): runs with ``data.fold=0..9`` reported
-with ``aggregate="best"`` follow that protocol; the other papers' tables, and the mean, compare seeds.
-
-Figures relative to a baseline (``acc_drop``, the ``*_vs_sbm`` ones) use the table's own baseline cell:
-the float32 or SBM cell of the same model and data, in the same row where the table has one there. AdaPT's
-SU2 (``speedup_su2``) takes its float32 run from the report's runs instead (Table 3 has no float32 cell):
-the float32 runs of the same model and data, batch, accumulation and epochs, and the same data keys but the
-fold (so the same scale). That setup also pairs a relative figure with its baseline where no baseline run
-has the same training config (AdaPT's float32 runs put L2 in the optimizer's weight decay, AdaPT in its loss).
-SU2 is the run's SU1 over the share of its epochs it took to first reach float32's
-final test accuracy (aggregated as the figures are; the whole run where it never does). The reference
-computes ``su_own / iso_acc`` (``utils/analytics.py``) against a fixed ``TARGET_ACCURACY`` from its config,
-tested against the held-out fold's accuracy logged per validation batch; qtrain's target is its own float32
-run's, tested against the test accuracy per epoch, so the share counts the epoch that reaches it.
-
-Runs at a reduced scale (``mini``, ``smoke``; :attr:`Run.scale`) or on a stand-in dataset (its name in the
-``stand_in`` column) are grouped apart from paper-scale ones and read
-through :func:`views`: each scale-bound figure (:data:`SCALE_BOUND`) as its difference to, or saving against, the
-table's baseline cell, beside the same figure from the paper's cells, and the absolute figures as context only.
-The cells no run matches are listed by :func:`missing`: not produced by qtrain (why), or not run yet (the command).
-
-Some figures have a second reading shown beside ours (``beside``): Sec. 4.1.2's printed speedup formula
-beside the reference code's that the tables print, and the sparsity weighted by weight count beside
-Table 5's mean over tensors.
+:func:`compare` matches each cell to the runs of its method, model, data and setting and reads its figure
+(relative ones against the table's baseline cell, AdaPT's SU2 against the report's float32 runs of the same
+setup); :func:`views` splits a table into its paper-scale part and, for reduced-scale or stand-in runs, the
+part that compares across scales (:data:`SCALE_BOUND` figures as differences or savings) and the absolute
+figures as context; :func:`missing` lists the cells no run matches, with why or the command that makes them.
+The CSV schema and metric vocabulary are ``results/paper/README.md``'s; docs/reports.md describes paper mode,
+docs/methods/adapt.md SU2's departure from the reference.
 """
 
 from __future__ import annotations

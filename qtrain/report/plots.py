@@ -1,19 +1,10 @@
 """The report's figures, as PNG files (matplotlib), each drawn from the run directories' CSV files.
 
-- precision over time per layer: bits of each operand, or AdaPT's word length (AdaPT Figs. 3-4);
-- sparsity per layer over time (AdaPT Figs. 5-6);
-- accuracy against cumulative effective MACs and against each hardware model's time (FracTrain Fig. 6,
-  DYNASTY Fig. 7);
-- bit allocation per block: the share of each precision option in the last epoch (FracTrain Fig. 8);
-- average bit-width over epochs (DYNASTY Fig. 5);
-- the training loss with PFQ's turning points (FracTrain Sec. 3.1);
-- with ``--paper``, ours against the paper's figure, cell by cell.
-
-One method has one colour in every figure (its configurations in one figure, e.g. a sweep of DYNASTY's target,
-shades of it from dark to light, each with a line style of its own), and one precision option (an FW/BW pair, a
-DYNASTY width) one colour in every allocation plot; layers are coloured by depth with a colour bar, not a legend.
-Runs that differ only in seed are one configuration: its mean over the seeds as a line, the band from the lowest
-to the highest seed (min-max), and each seed's points with a marker shape of its own (the same shape marks its PFQ stage rises).
+Precision and sparsity per layer over time, accuracy against cumulative cost and each hardware model's time,
+bit allocation per block, average bit-width, the training loss with PFQ's turning points, and with ``--paper``
+ours against the paper's cells. One method has one colour in every figure (:func:`method_colour`), a
+configuration a shade and line style of it, a seed a marker shape (:func:`seed_marker`). docs/reports.md
+("Plots") lists the figures and how seeds and configurations are drawn.
 """
 
 from __future__ import annotations

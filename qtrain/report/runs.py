@@ -1,18 +1,10 @@
 """Run directories as the report reads them: each run's summary, config, metrics, precision trace and status.
 
-A run directory is a folder holding ``summary.json``, ``checkpoint.pt`` or ``metrics.csv`` (what
-``run.py`` writes, see ``results.py``). Its status is the summary's (completed, diverged, failed);
-without a summary it is ``running`` while a process holds its lock, and ``stopped`` otherwise (a run
-killed or cut short: rerunning its command resumes it). Figures of a run without a summary come from
-its last ``metrics.csv`` row and its config from ``.hydra/config.yaml`` (interpolations resolved, as in a
-summary), so a sweep in progress reports what it has. A run whose summary, config or ``metrics.csv``
-cannot be read is ``damaged: <file>: <why>``, without the figures of that file, and the report goes on.
-One identity may sit in two directories (named with and without ``seed=0``, say): :func:`one_per_identity`
-keeps one.
-
-A run's *scale* (``scale=paper|mini|smoke``, conf/scale/) is a Hydra group choice, not a config key: it is
-read from the command line the run recorded in ``.hydra/overrides.yaml``; a run that names none is at
-``smoke`` scale where its data is a stand-in (``data.stand_in_for``), else at ``paper`` scale (the default).
+:class:`Run` reads one directory (a folder holding ``summary.json``, ``checkpoint.pt`` or ``metrics.csv``):
+its status, its figures (from the last ``metrics.csv`` row while it has no summary), its scale and the data it
+stands for; a file that cannot be read makes it ``damaged: <file>: <why>`` and the report goes on.
+:func:`find_runs` finds the runs under the given folders; :func:`one_per_identity` keeps one directory per
+identity. docs/reports.md describes statuses and scales; docs/running.md the files (written by ``results.py``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The runs table: one row per configuration, its seeds averaged (mean ± std), as pandas frames.
 
-A row's configuration is its method, model and data, its scale (``paper``, ``mini``, ``smoke``), its *setting*
-(the method's keys that differ from ``conf/method/<name>.yaml`` as the run's scale amends it in
-``conf/scale/method/<scale>_<name>.yaml``, or between the report's runs of the method, so a sweep names its
-default value too) and its *config* (any other key that differs between the report's runs of the same model, data
-and scale, such as epochs or lr; ``model.dfq_options`` only among the runs of the methods that read it, DFQ and
-FracTrain). What a scale file sets is the scale's, shown once as the scale, not as a run's
-setting or config unless another run of the report sets it otherwise. Runs that differ only in ``seed`` or in
-their cross-validation fold (``data.fold``) share a row: their mean ± std (``aggregate="mean"``, the default),
-or the figures of the row's best run, the one of the highest final test accuracy (lowest perplexity)
-(``aggregate="best"``: AdaPT's protocol, the best of 10 folds, as the reference code reports its tables).
-Savings against a baseline compare effective MACs with the baseline's row of the same model and data.
+:func:`run_frame` gives each run's configuration columns (method, model, data, scale, :func:`setting`, config)
+and figures; :func:`summary_frame` groups the runs that differ only in ``seed`` or ``data.fold`` into one row
+(their mean ± std, or the best run's figures), with savings against a baseline row; :func:`display_frame`
+formats it for reading. docs/reports.md ("The runs table") says what a row's setting and config hold.
 """
 
 from __future__ import annotations
