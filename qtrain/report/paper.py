@@ -283,8 +283,8 @@ def _reader(runs: list[Run], configs: dict[Path, tuple[str, str]], table: pd.Dat
 def _against(runs: list[Run], configs: dict[Path, tuple[str, str]], reference: pd.Series,
              combine: Callable[[float, float], float], mine: list[Run], aggregate: str) -> Callable[[Run], float | None] | None:
     """A run's figure of ``reference``'s metric combined with that of the runs of the baseline cell ``reference``
-    (None: no such run): those of the same scale and training config, else (AdaPT's float32 runs put its L2 in the
-    optimizer, AdaPT in its loss) those of the same setup."""
+    (None: no such run): those of the same scale and training config, else (an AdaPT run's float32 baseline may train
+    with another weight decay, as the reference's configs do) those of the same setup."""
     read = FIGURES[reference.metric]
     candidates = matching(runs, reference)
     same = [run for run in candidates if configs[run.dir] == configs[mine[0].dir]]
