@@ -93,12 +93,13 @@ CASES = {
                                             "data.sample={'train': 10, 'valid': 5} is not allowed: {train: N, test: M} "
                                             "with integers >= 1 (a split left out is taken whole), or null"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
-                      "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
+                      "method.target_cp=150 is not allowed: it must be a finite number in (0, 100]"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,
                            "method dfq needs a model with residual blocks to gate; this model config has no dfq_options "
                            "(choose a ResNet or mobilenetv2)"),
     "dynasty target above its widest block": (["method=dynasty", "method.target_bits=9"], None,
-                                              "method.target_bits=9 is not allowed: it must be a number from 0 to 8"),
+                                              "method.target_bits=9 is not allowed: it must be a number in (0, 8] (the "
+                                              "average bit-width, at most method.max_bits)"),
     "resnet18 stem": (["model=resnet18", "model.stem=vgg"], None,
                       "model.stem='vgg' is not allowed (choose from: auto, cifar, imagenet)"),
     "hardware target over 1": (["hardware.target_acc=74"], None,
