@@ -55,7 +55,7 @@ from qtrain.data import DATASETS, data_task, load_data
 from qtrain.data.base import Periods, Stream
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
-from qtrain.models import MODELS, build_model, check_model_config, model_task
+from qtrain.models import MODELS, build_model, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
@@ -131,7 +131,6 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
     for name, known, what in ((cfg.data.name, DATASETS, "dataset"), (cfg.model.name, MODELS, "model")):
         if name not in known:
             raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(sorted(known))})")
-    check_model_config(cfg.model)
     task, needs = DATASETS[cfg.data.name], model_task(cfg.model.name)
     if task != needs:
         fits = sorted(name for name, t in DATASETS.items() if t == needs)

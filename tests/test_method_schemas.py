@@ -1,5 +1,5 @@
-"""The methods' typed config schemas (qtrain.config.methods): one per conf/method file, of exactly its keys, checked
-before any work and without torch."""
+"""The methods' and models' typed config schemas (qtrain.config.methods, qtrain.config.models): one per conf/method
+and conf/model file, of its keys, checked before any work and without torch."""
 
 import dataclasses
 import subprocess
@@ -11,8 +11,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from qtrain import catalog
 from qtrain.config import methods as schemas
+from qtrain.config import models as model_schemas
 from qtrain.config import validate
 from qtrain.config.methods import check_method
+from qtrain.config.models import check_model
 from qtrain.errors import ConfigError
 from qtrain.resources import conf_dir
 
@@ -95,3 +97,27 @@ def test_a_bad_method_value_on_the_command_line_is_one_line_and_exit_2(tmp_path)
     assert result.stderr.splitlines() == ["qtrain: error: method.schedule=[8, 32, 16] is not allowed: strictly increasing "
                                           "word lengths from 2 to 32, at least one (32, float32, can only be the last)"]
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("path", sorted((conf_dir() / "model").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_model_file_has_a_schema_of_its_own_keys(path):
+    node = OmegaConf.load(path)
+    node = node.model if "model" in node else node  # the transformer's file also sets the training recipe
+    own = {key for key in node.keys() if not key.startswith("dfq_")}  # the gated methods' keys: their schemas'
+    assert {item.name for item in dataclasses.fields(model_schemas.MODELS[path.stem])} == own
+
+
+def test_the_model_schemas_are_those_of_the_models_qtrain_has():
+    from qtrain.models import MODELS
+    from qtrain.models.transformer import PRESETS
+
+    files = sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
+    assert sorted(model_schemas.MODELS) == files == sorted(MODELS)
+    assert [p.value for p in model_schemas.Preset] == list(PRESETS)
+
+
+def test_validate_refuses_a_bad_model_value():
+    with pytest.raises(ConfigError, match=r"^model.stem='big' is not allowed \(choose from: auto, cifar, imagenet\)$"):
+        validate(make_config("model=resnet18", "model.stem=big"))
+    with pytest.raises(ConfigError, match=r"^model.d_model=32 is not allowed with model.heads=5: "):
+        check_model(make_config("model=transformer", "model.preset=tiny", "model.heads=5").model)

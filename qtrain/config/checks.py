@@ -1,5 +1,5 @@
 """The checks of a composed config's values (training length, batch sizes, device, data, optimizer, schedule, the
-method's own values), made before any work."""
+model's and the method's own values), made before any work."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from qtrain.config import schema
 from qtrain.config.command_line import group_options
 from qtrain.config.identity import INSTANTIATION_KEYS
 from qtrain.config.methods import check_method
+from qtrain.config.models import check_model
 from qtrain.data.registry import dataset
 from qtrain.errors import ConfigError
 
@@ -40,8 +41,8 @@ def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule) and the
-    method's (against its schema in :mod:`qtrain.config.methods`)."""
+    """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule), the
+    model's and the method's (against their schemas in :mod:`qtrain.config.models` and :mod:`qtrain.config.methods`)."""
     schema.read(schema.Train, cfg.train, "train")
     schema.read(schema.TopLevel, cfg)
     entry = dataset(cfg.data.name)
@@ -53,4 +54,5 @@ def validate(cfg: DictConfig) -> None:
     _require_own_file(cfg, "sched", "schedule")
     schema.read(schema.SCHEDULES[cfg.sched.name], cfg.sched, "sched")
     schema.read(schema.Hardware, cfg.hardware, "hardware")
+    check_model(cfg.model)
     check_method(cfg.method)
