@@ -77,7 +77,7 @@ CASES = {
     "infinite learning rate": (["optim.lr=inf"], None, "optim.lr=inf is not allowed: it must be a finite number > 0"),
     "no epochs": (["train.epochs=0"], None, "train.epochs=0 is not allowed: it must be an integer >= 1"),
     "epochs of no batches": (["train.batches_per_epoch=0"], None,
-                             "train.batches_per_epoch=0 is not allowed: it must be an integer >= 1"),
+                             "train.batches_per_epoch=0 is not allowed: it must be an integer >= 1 or null"),
     "a transformer preset that does not exist": (["model=transformer", "model.preset=huge"], None,
                                                  "model.preset='huge' is not allowed (choose from: base, small, tiny)"),
     "no training data": (["data.n_train=0"], None, "data.n_train=0 is not allowed: it must be an integer >= 1"),
@@ -103,7 +103,7 @@ CASES = {
     "resnet18 stem": (["model=resnet18", "model.stem=vgg"], None,
                       "model.stem='vgg' is not allowed (choose from: auto, cifar, imagenet)"),
     "hardware target over 1": (["hardware.target_acc=74"], None,
-                               "hardware.target_acc=74 is not allowed: it must be a finite number in (0, 1]"),
+                               "hardware.target_acc=74 is not allowed: it must be a finite number in (0, 1] or null"),
     "init from a run of no epochs": (["train.init_from={tmp}/empty_run"], _no_epochs,
                                      "train.init_from={tmp}/empty_run is not allowed: its run has no checkpoint to "
                                      "start from"),

@@ -121,3 +121,15 @@ def test_validate_refuses_a_bad_model_value():
         validate(make_config("model=resnet18", "model.stem=big"))
     with pytest.raises(ConfigError, match=r"^model.d_model=32 is not allowed with model.heads=5: "):
         check_model(make_config("model=transformer", "model.preset=tiny", "model.heads=5").model)
+
+
+@pytest.mark.parametrize("method,override,message", [
+    ("dfq", "model.dfq_gate.width=0", "method.gate.width=0 is not allowed: it must be an integer >= 1 or null"),
+    ("muppet", "method.performance_model.same.epochs=0",
+     "method.performance_model.same.epochs=0 is not allowed: it must be a finite number > 0 or null"),
+    ("fractrain", "method.cp_total=101", "method.cp_total=101 is not allowed: it must be a finite number in (0, 100] or null"),
+])
+def test_a_key_that_may_be_null_says_so(method, override, message):
+    with pytest.raises(ConfigError) as error:
+        check_method(make_config(f"method={method}", override).method)
+    assert str(error.value) == message

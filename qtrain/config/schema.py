@@ -91,10 +91,11 @@ def not_allowed(key: str, value: Any, allowed: str) -> ConfigError:
 
 def _typed(key: str, value: Any, kind: Any, bounds: Bounds | None) -> Any:
     """``value`` checked against the annotation ``kind`` (and ``bounds``): an Enum member for an Enum."""
+    or_null = ""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         if value is None:
             return None
-        (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
+        (kind,), or_null = [k for k in typing.get_args(kind) if k is not type(None)], " or null"
     if dataclasses.is_dataclass(kind):
         return read(kind, value, key)
     if isinstance(kind, type) and issubclass(kind, Enum):
@@ -105,9 +106,9 @@ def _typed(key: str, value: Any, kind: Any, bounds: Bounds | None) -> Any:
     if typing.get_origin(kind) is list:
         (item,) = typing.get_args(kind)
         if not isinstance(value, (list, ListConfig)) or not all(_fits(v, item, bounds) for v in value):
-            raise not_allowed(key, value, _allowed(item, bounds, listed=True))
+            raise not_allowed(key, value, _allowed(item, bounds, listed=True) + or_null)
     elif not _fits(value, kind, bounds):
-        raise not_allowed(key, value, _allowed(kind, bounds))
+        raise not_allowed(key, value, _allowed(kind, bounds) + or_null)
     return value  # Any: checked by the schema's __post_init__
 
 
