@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from qtrain.config.schema import is_integer
 from qtrain.errors import ConfigError
 
 # The thread pools torch and the BLAS libraries it may load size themselves from when they start.
@@ -20,7 +21,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_integer(value) or value < 1:
         raise ConfigError(f"hydra.launcher.{key}={value!r} is not allowed: it must be an integer >= 1")
     return value
 
@@ -33,7 +34,7 @@ def job_threads(launcher: Mapping[str, Any], jobs: int | None, cores: int) -> in
     """
     if "n_jobs" in launcher:  # joblib
         n_jobs = launcher["n_jobs"]
-        if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs == 0:
+        if not is_integer(n_jobs) or n_jobs == 0:
             raise ConfigError(f"hydra.launcher.n_jobs={n_jobs!r} is not allowed: it must be a number of jobs at a time "
                               "(>= 1) or -k for all cores but k-1 (-1: one job per core)")
         running = n_jobs if n_jobs > 0 else max(cores + 1 + n_jobs, 1)

@@ -32,7 +32,7 @@ from qtrain.data import DATASETS, data_task, load_data
 from qtrain.data.base import Periods, Stream
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
 from qtrain.methods import Method, RunFacts, build_method
-from qtrain.models import MODELS, build_model, check_model_config, model_task
+from qtrain.models import build_model, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
@@ -105,9 +105,6 @@ class Preflight:
 def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
     """Every check that needs no data: the run's and the method's values, ``train.init_from``, the directory."""
     validate(cfg)
-    if cfg.model.name not in MODELS:  # an unknown dataset validate has refused
-        raise ConfigError(f"unknown model {cfg.model.name!r} (choose from: {', '.join(sorted(MODELS))})")
-    check_model_config(cfg.model)
     task, needs = DATASETS[cfg.data.name], model_task(cfg.model.name)
     if task != needs:
         fits = sorted(name for name, t in DATASETS.items() if t == needs)

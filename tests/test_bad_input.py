@@ -77,7 +77,7 @@ CASES = {
     "infinite learning rate": (["optim.lr=inf"], None, "optim.lr=inf is not allowed: it must be a finite number > 0"),
     "no epochs": (["train.epochs=0"], None, "train.epochs=0 is not allowed: it must be an integer >= 1"),
     "epochs of no batches": (["train.batches_per_epoch=0"], None,
-                             "train.batches_per_epoch=0 is not allowed: it must be an integer >= 1"),
+                             "train.batches_per_epoch=0 is not allowed: it must be an integer >= 1 or null"),
     "a transformer preset that does not exist": (["model=transformer", "model.preset=huge"], None,
                                                  "model.preset='huge' is not allowed (choose from: base, small, tiny)"),
     "no training data": (["data.n_train=0"], None, "data.n_train=0 is not allowed: it must be an integer >= 1"),
@@ -93,16 +93,17 @@ CASES = {
                                             "data.sample={'train': 10, 'valid': 5} is not allowed: {train: N, test: M} "
                                             "with integers >= 1 (a split left out is taken whole), or null"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
-                      "method.target_cp=150 is not allowed: it must be a number in (0, 100] (or a non-empty list of them)"),
+                      "method.target_cp=150 is not allowed: it must be a finite number in (0, 100]"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,
                            "method dfq needs a model with residual blocks to gate; this model config has no dfq_options "
                            "(choose a ResNet or mobilenetv2)"),
     "dynasty target above its widest block": (["method=dynasty", "method.target_bits=9"], None,
-                                              "method.target_bits=9 is not allowed: it must be a number from 0 to 8"),
+                                              "method.target_bits=9 is not allowed: it must be a number in (0, 8] (the "
+                                              "average bit-width, at most method.max_bits)"),
     "resnet18 stem": (["model=resnet18", "model.stem=vgg"], None,
                       "model.stem='vgg' is not allowed (choose from: auto, cifar, imagenet)"),
     "hardware target over 1": (["hardware.target_acc=74"], None,
-                               "hardware.target_acc=74 is not allowed: it must be a finite number in (0, 1]"),
+                               "hardware.target_acc=74 is not allowed: it must be a finite number in (0, 1] or null"),
     "init from a run of no epochs": (["train.init_from={tmp}/empty_run"], _no_epochs,
                                      "train.init_from={tmp}/empty_run is not allowed: its run has no checkpoint to "
                                      "start from"),

@@ -97,16 +97,16 @@ def test_manual_schedule_switches_after_the_given_epochs():
     assert switched == [1, 4] and schedule.stage == 2
 
 
-@pytest.mark.parametrize("cfg,message", [
-    ({"switch": "manual", "manual_epochs": [3]}, "method.manual_epochs=[3] is not allowed"),
-    ({"switch": "manual", "manual_epochs": [5, 3, 8]}, "method.manual_epochs=[5, 3, 8] is not allowed"),
-    ({"switch": "sometimes"}, "method.switch='sometimes' is not allowed"),
-    ({"epsilon": 0}, "method.epsilon=0 is not allowed"),
-    ({"window": 1}, "method.window=1 is not allowed"),
+@pytest.mark.parametrize("overrides,message", [  # PFQ's default schedule has 4 stages
+    (["method.switch=manual", "method.manual_epochs=[3]"], "method.manual_epochs=[3] is not allowed"),
+    (["method.switch=manual", "method.manual_epochs=[5,3,8]"], "method.manual_epochs=[5, 3, 8] is not allowed"),
+    (["method.switch=sometimes"], "method.switch='sometimes' is not allowed"),
+    (["method.epsilon=0"], "method.epsilon=0 is not allowed"),
+    (["method.window=1"], "method.window=1 is not allowed"),
 ])
-def test_bad_schedules_are_named(cfg, message):
+def test_bad_schedules_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        _schedule(4, **cfg)
+        build_method(make_config("method=pfq", *overrides).method)
 
 
 @pytest.mark.parametrize("override,message", [

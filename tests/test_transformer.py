@@ -144,13 +144,15 @@ def test_a_uniform_model_has_the_vocabulary_size_as_perplexity():
 @pytest.mark.parametrize("key,value,message", [
     ("heads", 5, "model.d_model=32 is not allowed with model.heads=5"),
     ("layers", 0, "model.layers=0 is not allowed: it must be an integer >= 1"),
-    ("dropout", 1.0, "model.dropout=1.0 is not allowed: it must be a number in [0, 1)"),
+    ("dropout", 1.0, "model.dropout=1.0 is not allowed: it must be a finite number in [0, 1)"),
 ])
 def test_bad_sizes_are_named(key, value, message):
-    from qtrain.models import check_model_config
+    from omegaconf import OmegaConf
+
+    from qtrain.config.models import check_model
 
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        check_model_config({"name": "transformer", "preset": "tiny", **SIZES, key: value})
+        check_model(OmegaConf.create({"name": "transformer", "preset": "tiny", **SIZES, key: value}))
 
 
 def test_a_sequence_longer_than_the_context_is_refused():

@@ -9,7 +9,8 @@ Checks give one-line errors naming the bad value and what is allowed:
   a key given twice is refused (Hydra would keep the last silently).
   ``hydra/launcher=...`` must name a launcher, and ``hydra.launcher.KEY=...`` one of its keys.
 - :func:`validate` checks the run-level values of a composed config (training length, batch sizes,
-  device, data, optimizer, schedule). Method-specific values are checked by each method's constructor.
+  device, data, optimizer, schedule) and the model's and the method's values against their schemas
+  (:mod:`qtrain.config.models`, :mod:`qtrain.config.methods`).
 
 A run's identity (:func:`identity`) is its whole resolved config minus :data:`NOT_IDENTITY`, the keys
 that cannot change its results, plus ``world_size`` where torchrun starts more than one process

@@ -1,5 +1,5 @@
-"""The checks of a composed config's run-level values (training length, batch sizes, device, data, optimizer,
-schedule), made before any work; a method's own values are checked by its constructor."""
+"""The checks of a composed config's values (training length, batch sizes, device, data, optimizer, schedule, the
+model's and the method's own values), made before any work."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from qtrain.config import schema
 from qtrain.config.command_line import group_options
 from qtrain.config.identity import INSTANTIATION_KEYS
+from qtrain.config.methods import check_method
+from qtrain.config.models import check_model
 from qtrain.data.registry import dataset
 from qtrain.errors import ConfigError
 
@@ -39,7 +41,8 @@ def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule)."""
+    """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule), the
+    model's and the method's (against their schemas in :mod:`qtrain.config.models` and :mod:`qtrain.config.methods`)."""
     schema.read(schema.Train, cfg.train, "train")
     schema.read(schema.TopLevel, cfg)
     entry = dataset(cfg.data.name)
@@ -51,3 +54,5 @@ def validate(cfg: DictConfig) -> None:
     _require_own_file(cfg, "sched", "schedule")
     schema.read(schema.SCHEDULES[cfg.sched.name], cfg.sched, "sched")
     schema.read(schema.Hardware, cfg.hardware, "hardware")
+    check_model(cfg.model)
+    check_method(cfg.method)

@@ -1,7 +1,7 @@
 """Typed schemas of the run-level config groups (top-level keys, train, hardware, data by kind, optim and sched by
-name): a dataclass per group, its keys' types read by :func:`read`, their ranges in field metadata (:func:`bounded`),
-the checks across keys in ``__post_init__``. Each failure is a ConfigError naming the key, its value and what is
-allowed. Imports no torch."""
+name): a dataclass per group, its keys' types read by :func:`read` (bool, int, float, :data:`Bits`, lists of them,
+Enums, nested schemas), their ranges in field metadata (:func:`bounded`), the checks across keys in ``__post_init__``.
+Each failure is a ConfigError naming the key, its value and what is allowed. Imports no torch."""
 
 from __future__ import annotations
 
@@ -58,6 +58,32 @@ def is_number(value: Any) -> bool:
     return is_real(value) and math.isfinite(value)
 
 
+Bits = typing.NewType("Bits", int)  # a bit-width: an integer in [1, 32], or in the range bounded() gives
+BIT_WIDTHS = Bounds(1, 32)
+_NOUNS = {int: ("an integer", "integers"), float: ("a finite number", "finite numbers")}
+
+
+def _fits(value: Any, kind: Any, bounds: Bounds | None) -> bool:
+    """Whether ``value`` is of the scalar annotation ``kind`` (bool, int, float, Bits; anything for Any) in ``bounds``."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is Bits:
+        return is_integer(value) and value in (bounds or BIT_WIDTHS)
+    if kind in _NOUNS:
+        return (is_integer if kind is int else is_number)(value) and (bounds is None or value in bounds)
+    return True
+
+
+def _allowed(kind: Any, bounds: Bounds | None, listed: bool = False) -> str:
+    """What a value of the scalar annotation ``kind`` (or, ``listed``, a list of them) may be."""
+    if kind is bool:
+        return "it must be true or false"
+    if kind is Bits:
+        bounds = bounds or BIT_WIDTHS
+        return f"bit-widths are integers from {bounds.low:g} to {bounds.high:g}"
+    return f"it must be {'a list of ' if listed else ''}{_NOUNS[kind][listed]}{'' if bounds is None else f' {bounds}'}"
+
+
 def not_allowed(key: str, value: Any, allowed: str) -> ConfigError:
     shown = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
     return ConfigError(f"{key}={shown!r} is not allowed: {allowed}")
@@ -65,10 +91,11 @@ def not_allowed(key: str, value: Any, allowed: str) -> ConfigError:
 
 def _typed(key: str, value: Any, kind: Any, bounds: Bounds | None) -> Any:
     """``value`` checked against the annotation ``kind`` (and ``bounds``): an Enum member for an Enum."""
+    or_null = ""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         if value is None:
             return None
-        (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
+        (kind,), or_null = [k for k in typing.get_args(kind) if k is not type(None)], " or null"
     if dataclasses.is_dataclass(kind):
         return read(kind, value, key)
     if isinstance(kind, type) and issubclass(kind, Enum):
@@ -76,12 +103,12 @@ def _typed(key: str, value: Any, kind: Any, bounds: Bounds | None) -> Any:
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not allowed (choose from: {', '.join(choices)})")
         return kind(value)
-    if kind is bool and not isinstance(value, bool):
-        raise not_allowed(key, value, "it must be true or false")
-    if kind is int and (not is_integer(value) or (bounds is not None and value not in bounds)):
-        raise not_allowed(key, value, f"it must be an integer{'' if bounds is None else f' {bounds}'}")
-    if kind is float and (not is_number(value) or (bounds is not None and value not in bounds)):
-        raise not_allowed(key, value, f"it must be a finite number{'' if bounds is None else f' {bounds}'}")
+    if typing.get_origin(kind) is list:
+        (item,) = typing.get_args(kind)
+        if not isinstance(value, (list, ListConfig)) or not all(_fits(v, item, bounds) for v in value):
+            raise not_allowed(key, value, _allowed(item, bounds, listed=True) + or_null)
+    elif not _fits(value, kind, bounds):
+        raise not_allowed(key, value, _allowed(kind, bounds) + or_null)
     return value  # Any: checked by the schema's __post_init__
 
 

@@ -18,8 +18,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from qtrain.errors import ConfigError
-
 PUSHDOWN_STEPS = 2 * math.log2(32 - 8)  # eq. (6): the bisection's steps over word lengths 8..32, two per step
 
 
@@ -30,24 +28,6 @@ class BaselineRun:
     batch_size: int
     accum_steps: int
     epochs: float
-
-
-def check_baselines(baselines: DictConfig, key: str = "method.performance_model") -> None:
-    """Each baseline names ``batch_size``, ``accum_steps`` (integers >= 1) and ``epochs`` (> 0); null: the run's own."""
-    if not isinstance(baselines, DictConfig):
-        raise ConfigError(f"{key}={baselines!r} is not allowed: it maps baseline names to "
-                          "{{batch_size, accum_steps, epochs}}")
-    for name, baseline in baselines.items():
-        if not isinstance(baseline, DictConfig) or set(baseline.keys()) != {"batch_size", "accum_steps", "epochs"}:
-            raise ConfigError(f"{key}.{name}={baseline!r} is not allowed: a baseline has exactly batch_size, "
-                              "accum_steps and epochs (null: this run's value)")
-        for field in ("batch_size", "accum_steps", "epochs"):
-            value = baseline[field]
-            integer = field != "epochs"
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
-                                      or value < (1 if integer else 0) or (not integer and value == 0)):
-                kind = "an integer >= 1" if integer else "a number > 0"
-                raise ConfigError(f"{key}.{name}.{field}={value!r} is not allowed: it must be {kind} or null (this run's)")
 
 
 def resolve_baselines(baselines: DictConfig, batch_size: int, accum_steps: int, epochs: int) -> dict[str, BaselineRun]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from qtrain.errors import ConfigError
+from qtrain.config.methods import check_method
 from qtrain.methods.adapt import AdaPT
 from qtrain.methods.base import Method, RunFacts, StepInfo
 from qtrain.methods.dfq import DFQ
@@ -20,9 +20,8 @@ METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPP
 
 
 def build_method(cfg: DictConfig) -> Method:
-    """Instantiate the method ``cfg.name`` with its config (validated by the method)."""
-    if cfg.name not in METHODS:
-        raise ConfigError(f"unknown method {cfg.name!r} (choose from: {', '.join(sorted(METHODS))})")
+    """Instantiate the method ``cfg.name`` with its config, once it is checked against its schema."""
+    check_method(cfg)
     return METHODS[cfg.name](cfg)
 
 

@@ -24,12 +24,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
-from qtrain.cost.adapt_model import LayerState, check_baselines
-from qtrain.errors import ConfigError
+from qtrain.cost.adapt_model import LayerState
 from qtrain.methods.adapt_switching import (
-    PUSHDOWN_SEARCHES,
-    PUSHUP_FORMULAS,
-    STRATEGIES,
     Format,
     adapt_lookback,
     adapt_resolution,
@@ -39,7 +35,7 @@ from qtrain.methods.adapt_switching import (
     pushdown,
     pushup,
 )
-from qtrain.methods.base import RunFacts, StepInfo, check_choice, check_int, check_number, check_positive
+from qtrain.methods.base import RunFacts, StepInfo
 from qtrain.methods.diversity import DiversityWindow
 from qtrain.methods.priced import PricedByPerformanceModel
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
@@ -47,9 +43,6 @@ from qtrain.quant.formats import fixed_point
 from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import DensityTracked, FixedPoint
 
-INITS = ("tnvs", "model")
-GRADS = ("quantized", "float32")
-PARAMS = ("all", "weights")
 log = logging.getLogger(__name__)
 
 
@@ -78,13 +71,6 @@ def l1_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """``Σ |t|`` over every element of ``tensors``: the sparsifying term ``||W||_1`` (Sec. 3.4); its
     gradient is ``sign(t)``."""
     return sum(t.abs().sum() for t in tensors)
-
-
-def check_init_and_l1(cfg: DictConfig) -> None:
-    """The options AdaPT shares with its float32 baselines: ``init``, ``init_scale``, ``l1``."""
-    check_choice(cfg, "init", INITS)
-    check_positive(cfg, "init_scale")
-    check_number(cfg, "l1", 0, math.inf)
 
 
 class RoundedCopy(DensityTracked):
@@ -132,25 +118,6 @@ class AdaPT(PricedByPerformanceModel):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        check_int(cfg.initial, "wl", 2, 32, prefix="method.initial.")
-        check_int(cfg.initial, "fl", 0, cfg.initial.wl - 1, prefix="method.initial.")
-        check_init_and_l1(cfg)
-        check_int(cfg, "buffer_bits", 1, 31)
-        for group in ("lookback", "resolution"):
-            check_int(cfg[group], "low", 1 if group == "lookback" else 2, prefix=f"method.{group}.")
-            check_int(cfg[group], "high", cfg[group].low, prefix=f"method.{group}.")
-        check_number(cfg.lookback, "momentum", 0, 1, prefix="method.lookback.")
-        check_number(cfg, "kl_epsilon", 0, math.inf)
-        check_choice(cfg, "pushup", PUSHUP_FORMULAS)
-        check_choice(cfg, "pushdown_search", PUSHDOWN_SEARCHES)
-        check_choice(cfg, "strategy", STRATEGIES)
-        check_choice(cfg, "grad", GRADS)
-        check_choice(cfg, "params", PARAMS)
-        check_number(cfg, "l2", 0, math.inf)
-        for key in ("normalize_grads", "penalty"):
-            if not isinstance(cfg[key], bool):
-                raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be true or false")
-        check_baselines(cfg.performance_model)
         self.model: nn.Module | None = None
         self.layers: dict[str, nn.Module] = {}
         self.params: list[tuple[nn.Parameter, str | None]] = []

@@ -19,9 +19,6 @@ from torch.nn import functional as F
 from qtrain.quant.formats import Rounding, fixed_point, fixed_point_candidates
 from qtrain.quant.rounding import key_for
 
-STRATEGIES = ("min", "mean", "max")
-PUSHUP_FORMULAS = ("paper", "reference")
-
 
 @dataclass(frozen=True)
 class Format:
@@ -110,7 +107,6 @@ def loss_function(weights: torch.Tensor, resolution: int, rounding: Rounding = "
     return loss
 
 
-PUSHDOWN_SEARCHES = ("reference", "range", "current")
 WIDEST = Format(32, 31)
 REFERENCE_FL_FLOOR = 4  # the reference's PushDown searches FL from 4 up
 

@@ -10,12 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 from torch import nn
 
-from qtrain.config.schema import is_integer, is_real
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
-from qtrain.errors import ConfigError
 from qtrain.precision import PrecisionRecord
 
 
@@ -44,50 +42,6 @@ class StepInfo:
     epoch: int
     step: int
     samples: int
-
-
-def check_bits(cfg: DictConfig, *keys: str, low: int = 1, high: int = 32, prefix: str = "method.") -> None:
-    """Raise a one-line ConfigError unless every ``cfg[key]`` (an integer or a list of them) is in [low, high]."""
-    for key in keys:
-        value = cfg[key]
-        for bits in value if isinstance(value, ListConfig) else [value]:
-            if not is_integer(bits) or not low <= bits <= high:
-                raise ConfigError(f"{prefix}{key}={_plain(value)!r} is not allowed: "
-                                  f"bit-widths are integers from {low} to {high}")
-
-
-def check_positive(cfg: DictConfig, key: str, high: float | None = None) -> None:
-    """A number > 0 (and <= ``high``), or a non-empty list of them."""
-    values = cfg[key] if isinstance(cfg[key], ListConfig) else [cfg[key]]
-    if not values or any(not is_real(v) or not 0 < v <= (high or float("inf"))
-                         for v in values):
-        shown = list(cfg[key]) if isinstance(cfg[key], ListConfig) else cfg[key]
-        bound = f"in (0, {high:g}]" if high else "> 0"
-        raise ConfigError(f"method.{key}={shown!r} is not allowed: it must be a number {bound} (or a non-empty list of them)")
-
-
-def check_choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    if cfg[key] not in allowed:
-        raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed (choose from: {', '.join(allowed)})")
-
-
-def check_int(cfg: DictConfig, key: str, low: int, high: int | None = None, prefix: str = "method.") -> None:
-    """An integer in [low, high] (no upper bound where ``high`` is None)."""
-    value = cfg[key]
-    if not is_integer(value) or value < low or (high is not None and value > high):
-        bound = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise ConfigError(f"{prefix}{key}={value!r} is not allowed: it must be an integer {bound}")
-
-
-def check_number(cfg: DictConfig, key: str, low: float, high: float, prefix: str = "method.") -> None:
-    """A number in [low, high]."""
-    value = cfg[key]
-    if not is_real(value) or not low <= value <= high:
-        raise ConfigError(f"{prefix}{key}={value!r} is not allowed: it must be a number from {low:g} to {high:g}")
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, ListConfig) else value
 
 
 class Method:

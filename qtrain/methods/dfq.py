@@ -15,41 +15,20 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
-from qtrain.config.schema import is_integer
+from qtrain.config.methods import gate_options
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
-from qtrain.methods.base import Method, StepInfo, check_bits, check_choice, check_positive
+from qtrain.methods.base import Method, StepInfo
 from qtrain.methods.gates import GateController, GatedBlock
-from qtrain.methods.sbm import check_range_linear, is_depthwise, range_linear_quantizers, uniform_record
+from qtrain.methods.sbm import is_depthwise, range_linear_quantizers, uniform_record
 from qtrain.models.blocks import Block
 from qtrain.precision import FLOAT32, Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import swap_layers
 from qtrain.quant.quantizers import RangeLinear
-
-EXECUTIONS = ("per_sample", "mix_all")
-CP_SCOPES = ("blocks", "model")
-CP_WEIGHTS = ("blocks", "macs")
-SKIP_DOWNSAMPLE = ("projection", "never")
-SKIP_CHARGES = ("none", "projection")
-PROJECTIONS = ("quantized", "float32")
-
-
-def parse_options(options: Any) -> list[tuple[int, int]]:
-    """The [fw, bw] pairs of ``method.options``; a leading [0, 0] is the skip option."""
-    error = ConfigError(f"method.options={options!r} is not allowed: a list of [fw, bw] pairs with bit-widths "
-                        "from 1 to 32, optionally led by [0, 0] (skip the block), with at least one pair to run")
-    lists = (list, ListConfig)  # a list, also where a resolver's default gives a plain one (the table experiments)
-    if not isinstance(options, lists) or not all(isinstance(p, lists) and len(p) == 2 for p in options):
-        raise error
-    pairs = [(p[0], p[1]) for p in options]
-    run = pairs[int(bool(pairs) and pairs[0] == (0, 0)):]
-    if not run or any(not is_integer(b) or not 1 <= b <= 32 for pair in run for b in pair):
-        raise error
-    return pairs
 
 
 class DFQ(Method):
@@ -58,32 +37,7 @@ class DFQ(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        if cfg.options is None:
-            raise ConfigError("method dfq needs a model with residual blocks to gate; this model config has no "
-                              "dfq_options (choose a ResNet or mobilenetv2)")
-        check_range_linear(cfg)
-        check_bits(cfg, "weight_bits")
-        if cfg.outside is not None:
-            check_bits(cfg.outside, "fw", "bw", prefix="method.outside.")
-        for key in ("width", "embed", "hidden"):
-            value = cfg.gate[key]
-            if key == "width" and value is None:
-                continue  # one conv straight to the embedding (the reference's ImageNet gates)
-            if not is_integer(value) or value < 1:
-                allowed = "an integer >= 1 or null (one conv to the embedding)" if key == "width" else "an integer >= 1"
-                raise ConfigError(f"method.gate.{key}={value!r} is not allowed: it must be {allowed}")
-        check_choice(cfg, "execution", EXECUTIONS)
-        check_choice(cfg, "cp_scope", CP_SCOPES)
-        check_choice(cfg, "cp_weights", CP_WEIGHTS)
-        if cfg.cp_scope == "model" and cfg.cp_weights == "blocks":
-            raise ConfigError("method.cp_weights=blocks is not allowed with method.cp_scope=model: the whole model's "
-                              "cp weighs every layer by its MACs (set method.cp_weights=macs)")
-        check_choice(cfg, "skip_downsample", SKIP_DOWNSAMPLE)
-        check_choice(cfg, "skip_charge", SKIP_CHARGES)
-        check_choice(cfg, "projection", PROJECTIONS)
-        check_positive(cfg, "beta")
-        self.check_target()
-        options = parse_options(cfg.options)
+        options = gate_options(cfg.options)
         self.has_skip = options[0] == (0, 0)
         self.run_options = options[int(self.has_skip):]  # (activation, gradient) bits of each option that runs
         self.num_options = len(options)
@@ -99,9 +53,6 @@ class DFQ(Method):
         self.fixed_cp = 0.0
         self._record: PrecisionRecord = {}
         self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
-
-    def check_target(self) -> None:
-        check_positive(self.cfg, "target_cp", high=100)
 
     def target_cp(self) -> float:
         """The cp (percent of float32, over ``cp_scope``) the controller steers to now."""

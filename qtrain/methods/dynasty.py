@@ -19,28 +19,16 @@ from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
-from qtrain.config.schema import is_integer
-from qtrain.errors import ConfigError
 from qtrain.methods import dynasty_map
-from qtrain.methods.base import Method, RunFacts, check_choice, check_int, check_number
-from qtrain.methods.sbm import LAYER_PRECISIONS, float_ends
+from qtrain.methods.base import Method, RunFacts
+from qtrain.methods.sbm import float_ends
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.block_maps import BLOCK, STATIC_BITS, ActivationMap, BlockMapped, Sensitivity, WeightMap, operand_dims
-from qtrain.quant.formats import ROUNDINGS, tile_sums
+from qtrain.quant.formats import tile_sums
 from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import BlockFloatingPoint
 
 OPERANDS = ("weight", "act")
-ACT_MAPS = ("weight_gradient", "forward")
-
-
-def _check_levels(cfg: DictConfig) -> tuple[int, ...]:
-    levels = list(cfg.levels) if cfg.levels is not None else []
-    if (not levels or any(not is_integer(v) for v in levels)
-            or levels != sorted(set(levels)) or levels[0] < 0 or levels[-1] > cfg.max_bits):
-        raise ConfigError(f"method.levels={levels!r} is not allowed: a non-empty ascending list of distinct integers "
-                          f"from 0 to method.max_bits ({cfg.max_bits})")
-    return tuple(levels)
 
 
 class Dynasty(Method):
@@ -48,24 +36,7 @@ class Dynasty(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        check_int(cfg, "max_bits", 1, STATIC_BITS)
-        check_number(cfg, "target_bits", 0, cfg.max_bits)
-        if cfg.target_bits <= 0:
-            raise ConfigError(f"method.target_bits={cfg.target_bits!r} is not allowed: it must be a number in "
-                              f"(0, {cfg.max_bits}] (the average bit-width, at most method.max_bits)")
-        self.levels = _check_levels(cfg)
-        check_int(cfg, "initial_bits", 0, cfg.max_bits)
-        if cfg.initial_bits not in self.levels:
-            raise ConfigError(f"method.initial_bits={cfg.initial_bits!r} is not allowed: it must be one of method.levels "
-                              f"({', '.join(map(str, self.levels))})")
-        check_number(cfg, "smoothing", 0, 1)
-        check_int(cfg, "iterations", 1)
-        for key in ("weight_rounding", "act_rounding", "grad_rounding"):
-            check_choice(cfg, key, ROUNDINGS)
-        for key in ("first_layer", "last_layer"):
-            check_choice(cfg, key, LAYER_PRECISIONS)
-        check_choice(cfg, "average", dynasty_map.AVERAGES)
-        check_choice(cfg, "act_map", ACT_MAPS)
+        self.levels = tuple(cfg.levels)
         self.act_in_forward = cfg.act_map == "forward"
         self.layers: dict[str, OperandQuantizers] = {}
         self.macs: dict[str, int] = {}

@@ -30,9 +30,6 @@ def bit_widths(r: torch.Tensor, lam: float, beta: float) -> torch.Tensor:
     return (r - lam).clamp(0.0, beta)
 
 
-AVERAGES = ("macs", "blocks")
-
-
 def average_weights(computation: torch.Tensor, average: str) -> torch.Tensor:
     """The weights of the average held at alpha: T_i (``macs``), or 1 for each block of T_i > 0 (``blocks``)."""
     if average == "macs":

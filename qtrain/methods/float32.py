@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from qtrain.methods.adapt import check_init_and_l1, initialize, l1_norm
+from qtrain.methods.adapt import initialize, l1_norm
 from qtrain.methods.base import Method, StepInfo
 
 
@@ -21,7 +21,6 @@ class Float32(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        check_init_and_l1(cfg)
         self.params: list[nn.Parameter] = []
 
     def prepare(self, model: nn.Module) -> nn.Module:

@@ -12,15 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from qtrain.errors import ConfigError
-from qtrain.methods.base import check_choice, check_positive
+from qtrain.config.methods import appendix_g_targets
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.progressive import StageSchedule
-
-
-def appendix_g_targets(cp_total: float, stages: int, step: float) -> list[float]:
-    """Stage targets rising by ``step`` whose mean is ``cp_total`` (FracTrain Eq. (3))."""
-    return [cp_total + (i - (stages - 1) / 2) * step for i in range(stages)]
 
 
 class FracTrain(DFQ):
@@ -28,22 +22,11 @@ class FracTrain(DFQ):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        check_choice(cfg, "indicator_loss", ("total", "task"))
-        self.schedule = StageSchedule(len(self.targets), cfg,
-                                      "train_objective" if cfg.indicator_loss == "total" else "train_loss")
-
-    def check_target(self) -> None:
-        cfg = self.cfg
-        check_positive(cfg, "cp_schedule", high=100)
         self.targets = [float(t) for t in cfg.cp_schedule]
         if cfg.cp_total is not None:
-            check_positive(cfg, "cp_total", high=100)
-            check_positive(cfg, "cp_step")
             self.targets = appendix_g_targets(cfg.cp_total, len(self.targets), cfg.cp_step)
-            if not (0 < self.targets[0] and self.targets[-1] <= 100):
-                raise ConfigError(f"method.cp_total={cfg.cp_total} is not allowed with {len(self.targets)} stages "
-                                  f"{cfg.cp_step} apart: the stages' targets {self.targets[0]:g}..{self.targets[-1]:g} "
-                                  "must lie in (0, 100]")
+        self.schedule = StageSchedule(len(self.targets), cfg,
+                                      "train_objective" if cfg.indicator_loss == "total" else "train_loss")
 
     def target_cp(self) -> float:
         return self.targets[self.schedule.stage]

@@ -20,19 +20,14 @@ from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
-from qtrain.config.schema import is_integer
-from qtrain.cost.adapt_model import LayerState, check_baselines
-from qtrain.errors import ConfigError
-from qtrain.methods.base import RunFacts, StepInfo, check_bits, check_choice, check_int, check_number
+from qtrain.cost.adapt_model import LayerState
+from qtrain.methods.base import RunFacts, StepInfo
 from qtrain.methods.diversity import DiversityWindow
 from qtrain.methods.priced import PricedByPerformanceModel
 from qtrain.precision import LayerPrecision, PrecisionRecord, weight_density
 from qtrain.quant.formats import dynamic_fixed_point
 from qtrain.quant.layers import MatMul, OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import DensityTracked, DynamicFixedPoint
-
-GRADS = ("quantized", "float32")
-DIVERSITY_INPUTS = ("reference", "weight_grads")
 
 
 def muppet_threshold(epoch: int, base: float = 1.0, scale: float = 1.5, decay: float = 0.1) -> float:
@@ -81,25 +76,6 @@ class MuPPET(PricedByPerformanceModel):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        check_bits(cfg, "schedule", low=2)
-        schedule = list(cfg.schedule)
-        if not schedule or any(a >= b for a, b in zip(schedule, schedule[1:])):
-            raise ConfigError(f"method.schedule={schedule!r} is not allowed: strictly increasing word lengths "
-                              "from 2 to 32, at least one (32, float32, can only be the last)")
-        resolution = cfg.resolution
-        if not is_integer(resolution) or resolution < 2:
-            raise ConfigError(f"method.resolution={resolution!r} is not allowed: it must be an integer >= 2 (a window "
-                              "keeps one gradient per epoch, and the diversity of one gradient is always 1)")
-        check_int(cfg, "patience", 1)
-        for key in ("base", "scale", "decay"):
-            check_number(cfg.threshold, key, 0, math.inf, prefix="method.threshold.")
-        check_choice(cfg, "grad", GRADS)
-        check_number(cfg.float32_lr, "gamma", 0, 1, prefix="method.float32_lr.")
-        check_int(cfg.float32_lr, "every", 1, prefix="method.float32_lr.")
-        if cfg.float32_lr.decays is not None:
-            check_int(cfg.float32_lr, "decays", 0, prefix="method.float32_lr.")
-        check_choice(cfg, "diversity_input", DIVERSITY_INPUTS)
-        check_baselines(cfg.performance_model)
         self.policy = DiversityPolicy(cfg.patience, cfg.threshold.base, cfg.threshold.scale, cfg.threshold.decay)
         self.stage = 0
         self.float32_epochs = 0

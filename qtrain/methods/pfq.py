@@ -14,8 +14,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from qtrain.errors import ConfigError
-from qtrain.methods.base import check_bits
 from qtrain.methods.progressive import StageSchedule
 from qtrain.methods.sbm import SBM, fw_bw, uniform_record
 from qtrain.precision import Bits
@@ -27,13 +25,6 @@ class PFQ(SBM):
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
         self.schedule = StageSchedule(len(cfg.fw), cfg)
-
-    def check_schedule(self) -> None:
-        cfg = self.cfg
-        check_bits(cfg, "fw", "bw")
-        if len(cfg.fw) != len(cfg.bw) or not cfg.fw:
-            raise ConfigError(f"method.fw={list(cfg.fw)} and method.bw={list(cfg.bw)} are not allowed: "
-                              "the schedule needs one FW and one BW bit-width per stage, at least one stage")
 
     def current_bits(self) -> Bits:
         stage = self.schedule.stage

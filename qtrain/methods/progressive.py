@@ -14,9 +14,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from qtrain.config.schema import is_integer
-from qtrain.errors import ConfigError
-
 
 class LossIndicator:
     """Algorithm 1's turning-point test on one loss per epoch."""
@@ -60,23 +57,12 @@ class LossIndicator:
 
 
 class StageSchedule:
-    """The current stage of ``stages``; ``cfg`` holds switch, epsilon, alpha, window, scale_epochs, manual_epochs."""
+    """The current stage of ``stages``; ``cfg`` holds switch, epsilon, alpha, window, scale_epochs, manual_epochs
+    (checked by the schema's :class:`qtrain.config.methods.Progressive`)."""
 
     def __init__(self, stages: int, cfg: DictConfig, loss: str = "train_loss") -> None:
-        if cfg.switch not in ("auto", "manual"):
-            raise ConfigError(f"method.switch={cfg.switch!r} is not allowed (choose from: auto, manual)")
-        for key in ("epsilon", "alpha"):
-            if not isinstance(cfg[key], (int, float)) or cfg[key] <= 0:
-                raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be a number > 0")
-        for key, low in (("window", 2), ("scale_epochs", 1)):
-            if not is_integer(cfg[key]) or cfg[key] < low:
-                raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed: it must be an integer >= {low}")
         self.stages, self.manual = stages, cfg.switch == "manual"
         self.manual_epochs = list(cfg.manual_epochs or [])
-        if self.manual and (len(self.manual_epochs) != stages - 1 or self.manual_epochs != sorted(set(self.manual_epochs))
-                            or any(not isinstance(e, int) or e < 1 for e in self.manual_epochs)):
-            raise ConfigError(f"method.manual_epochs={self.manual_epochs} is not allowed: with switch=manual it lists the "
-                              f"{stages - 1} increasing epochs (>= 1) after which the next of the {stages} stages starts")
         self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.window, cfg.scale_epochs)
         self.loss = loss  # the metrics.csv column the indicator reads
         self.stage = 0

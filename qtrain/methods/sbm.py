@@ -4,7 +4,7 @@ Weights per output channel (nearest), activations per tensor with a running rang
 (nearest), ``grad_output`` per tensor (stochastic), on the error path at ``grad_bits`` and on the
 weight-gradient path at ``grad_weight_bits`` (both readings of "FW-8/BW-16"). The same quantizers serve
 PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use when
-(:func:`range_linear_quantizers`, :func:`check_range_linear`).
+(:func:`range_linear_quantizers`).
 
 Defaults, their sources and every departure from the paper and the reference code: docs/methods/sbm.md.
 """
@@ -14,29 +14,10 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from torch import nn
 
-from qtrain.config.schema import is_real
-from qtrain.errors import ConfigError
-from qtrain.methods.base import Method, check_bits
+from qtrain.methods.base import Method
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import MatMul, OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
-
-LAYER_PRECISIONS = ("quantized", "float32")
-
-
-def check_range_linear(cfg: DictConfig) -> None:
-    """Check the options every range-linear method shares (activation range, momentum, depthwise bits)."""
-    if cfg.act_range not in ("tensor", "sample_mean"):
-        raise ConfigError(f"method.act_range={cfg.act_range!r} is not allowed (choose from: tensor, sample_mean)")
-    momentum = cfg.act_momentum
-    if not is_real(momentum) or not 0 <= momentum < 1:
-        raise ConfigError(f"method.act_momentum={momentum!r} is not allowed: the running range's weight on its "
-                          "old value, a number in [0, 1)")
-    if cfg.depthwise_bits is not None:
-        check_bits(cfg.depthwise_bits, "fw", "bw", prefix="method.depthwise_bits.")
-    for key in ("first_layer", "last_layer"):
-        if key in cfg and cfg[key] not in LAYER_PRECISIONS:
-            raise ConfigError(f"method.{key}={cfg[key]!r} is not allowed (choose from: {', '.join(LAYER_PRECISIONS)})")
 
 
 def float_ends(cfg: DictConfig, names: list[str]) -> set[str]:
@@ -86,15 +67,9 @@ class SBM(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        self.check_schedule()
-        check_range_linear(cfg)
         self.model: nn.Module | None = None
         self.swapped: list[str] = []
         self._record: PrecisionRecord = {}
-
-    def check_schedule(self) -> None:
-        """Check the bit-widths this method trains with."""
-        check_bits(self.cfg, "weight_bits", "act_bits", "grad_bits", "grad_weight_bits")
 
     def current_bits(self) -> Bits:
         """The bits of every layer that is not depthwise, at this point of training."""

@@ -54,11 +54,3 @@ def build_model(name: str, config: Mapping[str, Any] | None = None, **inputs: An
         inputs = {**inputs, "input_size": h}
     options = {key: (config or {})[key] for key in getattr(cls, "options", ()) if key in (config or {})}
     return make(**inputs, **options)
-
-
-def check_model_config(config: Mapping[str, Any]) -> None:
-    """The model config's own keys, checked by its class where it has any (before any data is loaded)."""
-    cls, _ = MODELS[config["name"]]
-    check = getattr(cls, "check", None)
-    if check is not None:
-        check(config)

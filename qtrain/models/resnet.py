@@ -10,17 +10,17 @@ to 64 x 64 and the ImageNet form above.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from qtrain.config.models import Stem
 from qtrain.errors import ConfigError
 from qtrain.models.resnet_cifar import BasicBlock
 
-STEMS = ("auto", "cifar", "imagenet")
+STEMS = tuple(stem.value for stem in Stem)
 CIFAR_UP_TO = 64
 STAGES = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
@@ -29,18 +29,12 @@ class ResNetImageNet(nn.Module):
     min_input_size = 1
     options = ("stem",)
 
-    @staticmethod
-    def check(config: Mapping[str, Any]) -> None:
-        """Raise a one-line ConfigError for a bad ``stem`` in the model config (before any data is loaded)."""
-        stem = config.get("stem", "auto")
-        if stem not in STEMS:
-            raise ConfigError(f"model.stem={stem!r} is not allowed (choose from: {', '.join(STEMS)})")
-
     def __init__(self, blocks: Sequence[int], in_channels: int = 3, num_classes: int = 1000, input_size: int = 224,
                  stem: str = "auto") -> None:
         """``blocks``: BasicBlocks per stage (``STAGES[18]``, ``STAGES[34]``)."""
         super().__init__()
-        self.check({"stem": stem})
+        if stem not in STEMS:  # a caller's stem (the config's is checked before any work, by qtrain.config.models)
+            raise ConfigError(f"model.stem={stem!r} is not allowed (choose from: {', '.join(STEMS)})")
         self.form = ("cifar" if input_size <= CIFAR_UP_TO else "imagenet") if stem == "auto" else stem
         if self.form == "cifar":
             self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)

@@ -11,14 +11,12 @@ peak learning rate and warm-up of the default training (``conf/recipe``). See do
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qtrain.config.schema import is_integer, is_real
 from qtrain.errors import ConfigError
 from qtrain.quant.layers import MatMul
 from qtrain.task import LANGUAGE_MODEL
@@ -31,7 +29,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "dropout": 0.0, "seq_len": 16,
              "lr": 1.0e-3, "warmup_steps": 100},
 }
-SIZES = ("layers", "d_model", "heads", "ffn", "seq_len")
 
 
 def preset_value(preset: str, key: str) -> Any:
@@ -90,21 +87,6 @@ class TransformerLM(nn.Module):
 
     task = LANGUAGE_MODEL
     options = ("layers", "d_model", "heads", "ffn", "dropout", "seq_len")
-
-    @staticmethod
-    def check(config: Mapping[str, Any]) -> None:
-        """One-line ConfigErrors for bad sizes in the model config (before any data is loaded)."""
-        preset_value(config.get("preset", "base"), "layers")
-        for key in SIZES:
-            value = config.get(key)
-            if not is_integer(value) or value < 1:
-                raise ConfigError(f"model.{key}={value!r} is not allowed: it must be an integer >= 1")
-        if config["d_model"] % config["heads"] or config["d_model"] % 2:
-            raise ConfigError(f"model.d_model={config['d_model']} is not allowed with model.heads={config['heads']}: "
-                              "d_model must be even and a multiple of heads")
-        dropout = config.get("dropout")
-        if not is_real(dropout) or not 0 <= dropout < 1:
-            raise ConfigError(f"model.dropout={dropout!r} is not allowed: it must be a number in [0, 1)")
 
     def __init__(self, vocab_size: int, layers: int = 6, d_model: int = 512, heads: int = 8, ffn: int = 2048,
                  dropout: float = 0.1, seq_len: int = 256) -> None:

@@ -1,0 +1,455 @@
+"""Typed schemas of the methods' configs (``conf/method/<name>.yaml``): a dataclass per method in :data:`METHODS`,
+built on :mod:`qtrain.config.schema` (types from annotations, ranges by ``bounded``, choices as Enums, the checks across
+keys in ``__post_init__``); option groups that methods share (the range-linear quantizers' options, the progressive
+switch, the gates, the performance model's baselines) are one base class each. :func:`check_method` reads
+``cfg.method`` against its schema before any work; imports no torch.
+
+What a schema cannot see stays with the method: whatever needs the model itself (DFQ and FracTrain refuse a model
+without residual blocks to gate when they prepare it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig, ListConfig
+
+from qtrain.config.schema import Bits, bounded, is_integer, not_allowed, read
+from qtrain.errors import ConfigError
+
+
+class Precision(Enum):
+    """Of a layer, a projection shortcut, a gradient: quantized or float32."""
+
+    QUANTIZED = "quantized"
+    FLOAT32 = "float32"
+
+
+class ActRange(Enum):
+    TENSOR = "tensor"  # global min/max
+    SAMPLE_MEAN = "sample_mean"  # mean of per-sample min/max
+
+
+class Init(Enum):
+    TNVS = "tnvs"  # AdaPT's truncated-normal fan-in variance scaling
+    MODEL = "model"
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """The key every method has: its name."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        """The end of every schema's chain of checks across keys."""
+
+
+@dataclass(frozen=True)
+class FwBw:
+    """FracTrain's FW-a/BW-g: activation (and weight) bits and gradient bits."""
+
+    fw: Bits
+    bw: Bits
+
+
+@dataclass(frozen=True)
+class FloatEnds(MethodConfig):
+    """Whether the first and last Conv2d/Linear are quantized or stay float32."""
+
+    first_layer: Precision
+    last_layer: Precision
+
+
+@dataclass(frozen=True)
+class RangeLinear(MethodConfig):
+    """The options of SBM's range-linear quantizers, shared by SBM, PFQ, DFQ and FracTrain."""
+
+    act_range: ActRange
+    act_momentum: float = bounded(0, 1, high_open=True)  # the running range's weight on its old value
+    depthwise_bits: FwBw | None
+
+
+@dataclass(frozen=True)
+class SBM(RangeLinear, FloatEnds):
+    weight_bits: Bits
+    act_bits: Bits
+    grad_bits: Bits
+    grad_weight_bits: Bits
+
+
+class Switch(Enum):
+    AUTO = "auto"  # the loss indicator's turning points
+    MANUAL = "manual"  # after manual_epochs
+
+
+@dataclass(frozen=True)
+class Progressive(MethodConfig):
+    """When a progressive schedule (PFQ's precisions, FracTrain's cp targets) moves to its next stage."""
+
+    switch: Switch
+    epsilon: float = bounded(0, low_open=True)
+    alpha: float = bounded(0, low_open=True)
+    window: int = bounded(2)
+    scale_epochs: int = bounded(1)
+    manual_epochs: list[int] | None = bounded(1)
+
+    def stages(self) -> int:
+        """How many stages the schedule has."""
+        raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        stages, epochs = self.stages(), list(self.manual_epochs or [])
+        if self.switch is Switch.MANUAL and (len(epochs) != stages - 1 or epochs != sorted(set(epochs))):
+            raise ConfigError(f"method.manual_epochs={epochs} is not allowed: with switch=manual it lists the "
+                              f"{stages - 1} increasing epochs (>= 1) after which the next of the {stages} stages starts")
+
+
+@dataclass(frozen=True)
+class PFQ(RangeLinear, FloatEnds, Progressive):
+    fw: list[Bits]
+    bw: list[Bits]
+
+    def stages(self) -> int:
+        return len(self.fw)
+
+    def __post_init__(self) -> None:
+        if len(self.fw) != len(self.bw) or not self.fw:
+            raise ConfigError(f"method.fw={list(self.fw)} and method.bw={list(self.bw)} are not allowed: "
+                              "the schedule needs one FW and one BW bit-width per stage, at least one stage")
+        super().__post_init__()
+
+
+# ---- DFQ and FracTrain: gated blocks ----
+
+class CpScope(Enum):
+    BLOCKS = "blocks"  # cp of the gated blocks
+    MODEL = "model"  # of the whole model
+
+
+class CpWeights(Enum):
+    BLOCKS = "blocks"  # one each
+    MACS = "macs"  # each block's MACs
+
+
+class Execution(Enum):
+    PER_SAMPLE = "per_sample"
+    MIX_ALL = "mix_all"
+
+
+class SkipDownsample(Enum):
+    PROJECTION = "projection"
+    NEVER = "never"
+
+
+class SkipCharge(Enum):
+    NONE = "none"
+    PROJECTION = "projection"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A gate's embedding width (null: one conv straight to the embedding), embedding size and LSTM hidden size."""
+
+    width: int | None = bounded(1)
+    embed: int = bounded(1)
+    hidden: int = bounded(1)
+
+
+def gate_options(options: Any) -> list[tuple[int, int]]:
+    """The [fw, bw] pairs of ``method.options``; a leading [0, 0] is the skip option."""
+    error = ConfigError(f"method.options={options!r} is not allowed: a list of [fw, bw] pairs with bit-widths "
+                        "from 1 to 32, optionally led by [0, 0] (skip the block), with at least one pair to run")
+    lists = (list, ListConfig)  # a list, also where a resolver's default gives a plain one (the table experiments)
+    if not isinstance(options, lists) or not all(isinstance(p, lists) and len(p) == 2 for p in options):
+        raise error
+    pairs = [(p[0], p[1]) for p in options]
+    run = pairs[int(bool(pairs) and pairs[0] == (0, 0)):]
+    if not run or any(not is_integer(b) or not 1 <= b <= 32 for pair in run for b in pair):
+        raise error
+    return pairs
+
+
+@dataclass(frozen=True)
+class Gated(RangeLinear):
+    """DFQ's options, which FracTrain shares: the options the gates pick from, their cost and how blocks run."""
+
+    options: Any  # the model config's [fw, bw] pairs (gate_options)
+    weight_bits: Bits
+    cp_scope: CpScope
+    cp_weights: CpWeights
+    beta: float = bounded(0, low_open=True)
+    execution: Execution
+    skip_downsample: SkipDownsample
+    skip_charge: SkipCharge
+    projection: Precision
+    outside: FwBw | None
+    gate: Gate | None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.options is None or self.gate is None:
+            raise ConfigError(f"method {self.name} needs a model with residual blocks to gate; this model config has no "
+                              "dfq_options (choose a ResNet or mobilenetv2)")
+        gate_options(self.options)
+        if self.cp_scope is CpScope.MODEL and self.cp_weights is CpWeights.BLOCKS:
+            raise ConfigError("method.cp_weights=blocks is not allowed with method.cp_scope=model: the whole model's "
+                              "cp weighs every layer by its MACs (set method.cp_weights=macs)")
+
+
+@dataclass(frozen=True)
+class DFQ(Gated):
+    target_cp: float = bounded(0, 100, low_open=True)  # percent of float32
+
+
+class IndicatorLoss(Enum):
+    TOTAL = "total"  # the task loss and the signed cost term
+    TASK = "task"
+
+
+def appendix_g_targets(cp_total: float, stages: int, step: float) -> list[float]:
+    """Stage targets rising by ``step`` whose mean is ``cp_total`` (FracTrain Eq. (3))."""
+    return [cp_total + (i - (stages - 1) / 2) * step for i in range(stages)]
+
+
+@dataclass(frozen=True)
+class FracTrain(Gated, Progressive):
+    cp_schedule: list[float] = bounded(0, 100, low_open=True)
+    cp_total: float | None = bounded(0, 100, low_open=True)
+    cp_step: float = bounded(0, low_open=True)
+    indicator_loss: IndicatorLoss
+
+    def stages(self) -> int:
+        return len(self.cp_schedule)
+
+    def __post_init__(self) -> None:
+        if not self.cp_schedule:
+            raise not_allowed("method.cp_schedule", self.cp_schedule, "it must be a non-empty list of finite numbers "
+                              "in (0, 100]")
+        if self.cp_total is not None:
+            targets = appendix_g_targets(self.cp_total, self.stages(), self.cp_step)
+            if not (0 < targets[0] and targets[-1] <= 100):
+                raise ConfigError(f"method.cp_total={self.cp_total} is not allowed with {len(targets)} stages "
+                                  f"{self.cp_step} apart: the stages' targets {targets[0]:g}..{targets[-1]:g} "
+                                  "must lie in (0, 100]")
+        super().__post_init__()
+
+
+# ---- float32, AdaPT and MuPPET ----
+
+@dataclass(frozen=True)
+class Float32(MethodConfig):
+    """AdaPT's initialization and L1 term, which its float32 baselines share."""
+
+    init: Init
+    init_scale: float = bounded(0, low_open=True)
+    l1: float = bounded(0)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A float32 baseline run of AdaPT's performance model (qtrain.cost.adapt_model); null: this run's value."""
+
+    batch_size: int | None = bounded(1)
+    accum_steps: int | None = bounded(1)
+    epochs: float | None = bounded(0, low_open=True)
+
+
+@dataclass(frozen=True)
+class Priced(MethodConfig):
+    """A method priced by AdaPT's performance model against the float32 baselines it names."""
+
+    performance_model: Any  # baseline name -> Baseline
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        key, baselines = "method.performance_model", self.performance_model
+        if not isinstance(baselines, DictConfig):
+            raise not_allowed(key, baselines, "it maps baseline names to {batch_size, accum_steps, epochs}")
+        for name, baseline in baselines.items():
+            if not isinstance(baseline, DictConfig) or set(baseline.keys()) != {f.name for f in fields(Baseline)}:
+                raise not_allowed(f"{key}.{name}", baseline, "a baseline has exactly batch_size, accum_steps and epochs "
+                                  "(null: this run's value)")
+            read(Baseline, baseline, f"{key}.{name}")
+
+
+@dataclass(frozen=True)
+class InitialFormat:
+    wl: int = bounded(2, 32)
+    fl: int = bounded(0)
+
+    def __post_init__(self) -> None:
+        if self.fl > self.wl - 1:
+            raise not_allowed("method.initial.fl", self.fl, f"it must be an integer from 0 to method.initial.wl - 1 = "
+                              f"{self.wl - 1}")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A lower and an upper bound that AdaPT's switching adapts a value between."""
+
+    group: ClassVar[str]
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if self.high < self.low:
+            raise not_allowed(f"method.{self.group}.high", self.high, f"it must be an integer >= method.{self.group}.low "
+                              f"({self.low})")
+
+
+@dataclass(frozen=True)
+class Lookback(Span):
+    group = "lookback"
+    low: int = bounded(1)
+    high: int = bounded(1)
+    momentum: float = bounded(0, 1)
+
+
+@dataclass(frozen=True)
+class Resolution(Span):
+    group = "resolution"
+    low: int = bounded(2)
+    high: int = bounded(2)
+
+
+class Params(Enum):
+    ALL = "all"
+    WEIGHTS = "weights"
+
+
+class PushdownSearch(Enum):
+    REFERENCE = "reference"
+    RANGE = "range"
+    CURRENT = "current"
+
+
+class Pushup(Enum):
+    REFERENCE = "reference"
+    PAPER = "paper"
+
+
+class Strategy(Enum):
+    MIN = "min"
+    MEAN = "mean"
+    MAX = "max"
+
+
+@dataclass(frozen=True)
+class AdaPT(Float32, Priced):
+    initial: InitialFormat
+    grad: Precision
+    params: Params
+    buffer_bits: int = bounded(1, 31)
+    lookback: Lookback
+    resolution: Resolution
+    pushdown_search: PushdownSearch
+    kl_epsilon: float = bounded(0)
+    pushup: Pushup
+    strategy: Strategy
+    normalize_grads: bool
+    l2: float = bounded(0)
+    penalty: bool
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """MuPPET's T(e) = base + scale * exp(-decay * e)."""
+
+    base: float = bounded(0)
+    scale: float = bounded(0)
+    decay: float = bounded(0)
+
+
+@dataclass(frozen=True)
+class Float32Lr:
+    """The float32 stage's learning-rate decay and stop."""
+
+    gamma: float = bounded(0, 1)
+    every: int = bounded(1)
+    decays: int | None = bounded(0)
+
+
+class DiversityInput(Enum):
+    REFERENCE = "reference"
+    WEIGHT_GRADS = "weight_grads"
+
+
+@dataclass(frozen=True)
+class MuPPET(Priced):
+    schedule: list[Bits] = bounded(2, 32)  # word lengths; 32: float32
+    resolution: int = bounded(2)  # epochs per window: the diversity of one gradient is always 1
+    patience: int = bounded(1)
+    threshold: Threshold
+    diversity_input: DiversityInput
+    grad: Precision
+    float32_lr: Float32Lr
+
+    def __post_init__(self) -> None:
+        schedule = list(self.schedule)
+        if not schedule or any(a >= b for a, b in zip(schedule, schedule[1:])):
+            raise not_allowed("method.schedule", schedule, "strictly increasing word lengths from 2 to 32, at least one "
+                              "(32, float32, can only be the last)")
+        super().__post_init__()
+
+
+# ---- DYNASTY ----
+
+STATIC_BITS = 8  # the static operand's mantissa bits, the widest a block gets (qtrain.quant.block_maps.STATIC_BITS)
+
+
+class Rounding(Enum):
+    NEAREST = "nearest"
+    STOCHASTIC = "stochastic"
+
+
+class Average(Enum):
+    MACS = "macs"  # weighted by each block's computation
+    BLOCKS = "blocks"
+
+
+class ActMap(Enum):
+    WEIGHT_GRADIENT = "weight_gradient"
+    FORWARD = "forward"
+
+
+@dataclass(frozen=True)
+class Dynasty(FloatEnds):
+    target_bits: float = bounded(0, low_open=True)
+    max_bits: int = bounded(1, STATIC_BITS)
+    levels: list[int] = bounded(0, STATIC_BITS)
+    initial_bits: int = bounded(0, STATIC_BITS)
+    smoothing: float = bounded(0, 1)
+    iterations: int = bounded(1)
+    weight_rounding: Rounding
+    act_rounding: Rounding
+    grad_rounding: Rounding
+    average: Average
+    act_map: ActMap
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.target_bits > self.max_bits:
+            raise not_allowed("method.target_bits", self.target_bits, f"it must be a number in (0, {self.max_bits}] "
+                              "(the average bit-width, at most method.max_bits)")
+        levels = list(self.levels)
+        if not levels or levels != sorted(set(levels)) or levels[-1] > self.max_bits:
+            raise not_allowed("method.levels", levels, "a non-empty ascending list of distinct integers from 0 to "
+                              f"method.max_bits ({self.max_bits})")
+        if self.initial_bits not in levels:
+            raise not_allowed("method.initial_bits", self.initial_bits, "it must be one of method.levels "
+                              f"({', '.join(map(str, levels))})")
+
+
+METHODS: dict[str, type[MethodConfig]] = {"float32": Float32, "sbm": SBM, "muppet": MuPPET, "adapt": AdaPT,
+                                          "dynasty": Dynasty, "pfq": PFQ, "dfq": DFQ, "fractrain": FracTrain}
+
+
+def check_method(method: DictConfig) -> MethodConfig:
+    """``method`` (a composed config's ``method`` node) read against the schema of ``method.name``."""
+    if method.name not in METHODS:
+        raise ConfigError(f"unknown method {method.name!r} (choose from: {', '.join(sorted(METHODS))})")
+    return read(METHODS[method.name], method, "method")

@@ -1,0 +1,72 @@
+"""Typed schemas of the model configs' own keys (``conf/model/<name>.yaml``), built on :mod:`qtrain.config.schema`: a
+dataclass per model in :data:`MODELS`; :func:`check_model` reads ``cfg.model`` before any work. Imports no torch.
+
+The ``dfq_*`` keys are the gated methods' (DFQ, FracTrain): their schemas in :mod:`qtrain.config.methods` check them
+where a method reads them. What needs the data stays with the model registry (:mod:`qtrain.models`): whether the
+input is square and large enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from omegaconf import DictConfig
+
+from qtrain.config.schema import bounded, read
+from qtrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The key every model has: its name (a model of no other keys of its own has this schema)."""
+
+    name: str
+
+
+class Stem(Enum):
+    AUTO = "auto"  # the CIFAR form up to 64x64 inputs, the ImageNet form above
+    CIFAR = "cifar"
+    IMAGENET = "imagenet"
+
+
+@dataclass(frozen=True)
+class ImageNetResNet(ModelConfig):
+    stem: Stem
+
+
+class Preset(Enum):
+    """The Transformer's sizes by name (qtrain.models.transformer.PRESETS)."""
+
+    BASE = "base"
+    SMALL = "small"
+    TINY = "tiny"
+
+
+@dataclass(frozen=True)
+class Transformer(ModelConfig):
+    preset: Preset
+    layers: int = bounded(1)
+    d_model: int = bounded(1)
+    heads: int = bounded(1)
+    ffn: int = bounded(1)
+    dropout: float = bounded(0, 1, high_open=True)
+    seq_len: int = bounded(1)
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.heads or self.d_model % 2:
+            raise ConfigError(f"model.d_model={self.d_model} is not allowed with model.heads={self.heads}: "
+                              "d_model must be even and a multiple of heads")
+
+
+MODELS: dict[str, type[ModelConfig]] = {
+    **{name: ModelConfig for name in ("resnet20", "resnet38", "resnet74", "resnet110", "resnet164", "alexnet",
+                                      "mobilenetv2")},
+    "resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer}
+
+
+def check_model(model: DictConfig) -> ModelConfig:
+    """``model`` (a composed config's ``model`` node) read against the schema of ``model.name``."""
+    if model.name not in MODELS:
+        raise ConfigError(f"unknown model {model.name!r} (choose from: {', '.join(sorted(MODELS))})")
+    return read(MODELS[model.name], model, "model")
