@@ -86,7 +86,7 @@ class RunCallback(Callback):
         _new_dirs[:] = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
         task = _task_config(config)
         try:
-            validate(task)  # the run-level values first: no torch import needed
+            validate(task)  # every group's values, the method's and model's too, first: no torch import needed
             from qtrain.run import preflight
 
             preflight(task, run_dir)
