@@ -11,6 +11,7 @@ and 4000 steps.)"""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -24,13 +25,19 @@ OWN_KEYS = ("name", "warmup_epochs", "warmup_steps")
 
 
 def _arguments(cfg: DictConfig) -> dict[str, Any]:
-    """The config's ``_target_``, ``_partial_`` and the keyword arguments of its constructor, as plain values."""
+    """The config's ``_target_``, ``_partial_`` and the keyword arguments of its constructor."""
     return {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items() if key not in OWN_KEYS}
+
+
+def constructor(arguments: dict[str, Any]) -> functools.partial:
+    """The class ``arguments`` name (``_target_``) with their keyword values bound, as plain Python values (not
+    OmegaConf's lists, which a state_dict would carry into a checkpoint that then fails to load safely)."""
+    return instantiate(arguments, _convert_="all")
 
 
 def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer ``conf/optim/<name>.yaml`` names (``_target_``) with its values, over the model's parameters."""
-    return instantiate(_arguments(cfg))(model.parameters())
+    return constructor(_arguments(cfg))(model.parameters())
 
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -44,7 +51,7 @@ def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: i
     arguments = _arguments(cfg)
     if cfg.name == "cosine":  # torch's names: one half-period over the run, down to min_lr
         arguments.update(T_max=max(epochs, 1), eta_min=arguments.pop("min_lr"))
-    return instantiate(arguments)(optimizer)
+    return constructor(arguments)(optimizer)
 
 
 def build_step_schedule(cfg: DictConfig, optimizer: torch.optim.Optimizer,

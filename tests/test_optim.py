@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from qtrain.config import schema, validate
 from qtrain.errors import ConfigError
-from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
+from qtrain.optim import _arguments, build_optimizer, build_scheduler, build_step_schedule, constructor
 from qtrain.resources import conf_dir
 
 from .conftest import make_config
@@ -117,3 +117,11 @@ def test_every_optimizer_and_schedule_file_has_a_schema_of_its_keys(group, schem
     assert set(files) == set(schemas)
     for name, cfg in files.items():
         assert {item.name for item in dataclasses.fields(schemas[name])} == set(cfg) - {"name", "_target_", "_partial_"}
+
+
+@pytest.mark.parametrize("group,choice", [("optim", "adam"), ("optim", "sgd"), ("sched", "multistep"), ("sched", "plateau")])
+def test_a_constructor_gets_plain_python_values(group, choice):
+    # OmegaConf's containers kept in a state_dict would make checkpoint.pt fail to load with weights_only=True
+    bound = constructor(_arguments(make_config(f"{group}={choice}")[group]))
+    assert bound.keywords and not any(isinstance(v, (DictConfig, ListConfig)) for v in bound.keywords.values())
+    assert all(type(v) in (int, float, bool, list, str) for v in bound.keywords.values())
