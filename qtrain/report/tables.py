@@ -23,7 +23,6 @@ from qtrain.resources import conf_dir
 
 # Keys that never make two runs different configurations (seeds and folds are aggregated; paths and plumbing
 # change nothing).
-IGNORED = NOT_CONFIGURATION
 # A run's figures (percentages in points), then the hardware models' cumulative seconds and joules.
 SCORES = ("test_acc", "best_test_acc", "test_ppl", "effective_macs", "percent_of_float32")
 HARDWARE_FIGURES = tuple(f"{model}_{unit}" for model, _ in HARDWARE for unit in ("seconds", "joules"))
@@ -96,7 +95,7 @@ def _varying(runs: list[Run]) -> dict[str, list[str]]:
     groups: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
         groups.setdefault((run.model, run.data, run.scale), []).append(run)
-    return {"/".join(key): _differing(members, lambda k: not k.startswith(("method.", "hydra.")) and k not in IGNORED)
+    return {"/".join(key): _differing(members, lambda k: not k.startswith(("method.", "hydra.")) and k not in NOT_CONFIGURATION)
             for key, members in groups.items()}
 
 
