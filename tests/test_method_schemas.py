@@ -43,14 +43,6 @@ def test_the_schemas_are_those_of_the_methods_qtrain_has():
     assert sorted(schemas.METHODS) == files == sorted(METHODS) == sorted(catalog.METHOD_NAMES)
 
 
-def test_the_values_the_schemas_repeat_are_the_quantizers():
-    from qtrain.quant.block_maps import STATIC_BITS
-    from qtrain.quant.formats import ROUNDINGS
-
-    assert schemas.STATIC_BITS == STATIC_BITS
-    assert tuple(r.value for r in schemas.Rounding) == ROUNDINGS
-
-
 @pytest.mark.parametrize("method", catalog.METHOD_NAMES)
 def test_every_method_default_fits_its_schema_with_every_model_it_gates(method):
     models = sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))

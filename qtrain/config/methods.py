@@ -398,10 +398,12 @@ class MuPPET(Priced):
 
 # ---- DYNASTY ----
 
-STATIC_BITS = 8  # the static operand's mantissa bits, the widest a block gets (qtrain.quant.block_maps.STATIC_BITS)
+STATIC_BITS = 8  # the static operand's mantissa bits, the widest a block gets (qtrain.quant.block_maps reads it here)
 
 
 class Rounding(Enum):
+    """How a format rounds onto its grid (qtrain.quant.formats.ROUNDINGS are these values)."""
+
     NEAREST = "nearest"
     STOCHASTIC = "stochastic"
 
