@@ -1,5 +1,6 @@
 """Typed schemas of the model configs' own keys (``conf/model/<name>.yaml``), built on :mod:`qtrain.config.schema`: a
-dataclass per model in :data:`MODELS`; :func:`check_model` reads ``cfg.model`` before any work. The Transformer's
+dataclass per model with keys of its own in :data:`MODELS` (any other has :class:`ModelConfig`'s);
+:func:`check_model` reads ``cfg.model`` before any work. The Transformer's
 presets (:data:`PRESETS`) are here too, for the resolver ``qtrain.transformer`` of its config files. Imports no torch.
 
 The ``dfq_*`` keys are the gated methods' (DFQ, FracTrain): their schemas in :mod:`qtrain.config.methods` check them
@@ -73,14 +74,10 @@ class Transformer(ModelConfig):
                               "d_model must be even and a multiple of heads")
 
 
-MODELS: dict[str, type[ModelConfig]] = {
-    **{name: ModelConfig for name in ("resnet20", "resnet38", "resnet74", "resnet110", "resnet164", "alexnet",
-                                      "mobilenetv2")},
-    "resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer}
+# The models with keys of their own to check; every other model (conf/model names them all) has ModelConfig's.
+MODELS: dict[str, type[ModelConfig]] = {"resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer}
 
 
 def check_model(model: DictConfig) -> ModelConfig:
-    """``model`` (a composed config's ``model`` node) read against the schema of ``model.name``."""
-    if model.name not in MODELS:
-        raise ConfigError(f"unknown model {model.name!r} (choose from: {', '.join(sorted(MODELS))})")
-    return read(MODELS[model.name], model, "model")
+    """``model`` (a composed config's ``model`` node; its name one of conf/model's files) read against its schema."""
+    return read(MODELS.get(model.name, ModelConfig), model, "model")
