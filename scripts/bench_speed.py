@@ -96,8 +96,8 @@ def _rss_kb(field: str) -> int:
 
 def _workload(model_name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, int]:
     """The float model, a batch of inputs and targets, and the samples of an epoch."""
+    from qtrain.config.models import PRESETS
     from qtrain.models import build_model
-    from qtrain.models.transformer import PRESETS
 
     if model_name == "transformer":
         sizes = PRESETS[TRANSFORMER_PRESET]

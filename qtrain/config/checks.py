@@ -14,6 +14,7 @@ from qtrain.config.methods import check_method
 from qtrain.config.models import check_model
 from qtrain.data.registry import dataset
 from qtrain.errors import ConfigError
+from qtrain.resources import conf_dir
 
 
 def _check_root(data: DictConfig) -> None:
@@ -24,14 +25,18 @@ def _check_root(data: DictConfig) -> None:
         raise ConfigError(f"data.root={data.root!r} is not allowed: it must be the folder that holds the {data.name} files")
 
 
-def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
-    """``<group>.name`` names a file of ``conf/<group>/``, and the group's Hydra instantiation keys are that file's."""
-    from qtrain.resources import conf_dir
-
+def _require_option(cfg: DictConfig, group: str, what: str) -> str:
+    """``<group>.name``, which must name a file of ``conf/<group>/``."""
     name = cfg[group].name
     options = group_options(conf_dir(), group)
     if name not in options:
         raise ConfigError(f"unknown {what} {name!r} (choose from: {', '.join(options)})")
+    return name
+
+
+def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
+    """``<group>.name`` names a file of ``conf/<group>/``, and the group's Hydra instantiation keys are that file's."""
+    name = _require_option(cfg, group, what)
     own = OmegaConf.load(conf_dir() / group / f"{name}.yaml")
     for key in INSTANTIATION_KEYS:
         value, allowed = OmegaConf.select(cfg, f"{group}.{key}"), own.get(key)
@@ -54,5 +59,6 @@ def validate(cfg: DictConfig) -> None:
     _require_own_file(cfg, "sched", "schedule")
     schema.read(schema.SCHEDULES[cfg.sched.name], cfg.sched, "sched")
     schema.read(schema.Hardware, cfg.hardware, "hardware")
+    _require_option(cfg, "model", "model")
     check_model(cfg.model)
     check_method(cfg.method)

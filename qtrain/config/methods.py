@@ -2,7 +2,8 @@
 built on :mod:`qtrain.config.schema` (types from annotations, ranges by ``bounded``, choices as Enums, the checks across
 keys in ``__post_init__``); option groups that methods share (the range-linear quantizers' options, the progressive
 switch, the gates, the performance model's baselines) are one base class each. :func:`check_method` reads
-``cfg.method`` against its schema before any work; imports no torch.
+``cfg.method`` against its schema before any work; imports no torch. :data:`METHODS` is the list of qtrain's methods
+(with what the report reads of them, :mod:`qtrain.catalog`).
 
 What a schema cannot see stays with the method: whatever needs the model itself (DFQ and FracTrain refuse a model
 without residual blocks to gate when they prepare it).
@@ -41,6 +42,7 @@ class Init(Enum):
 class MethodConfig:
     """The key every method has: its name."""
 
+    allocating: ClassVar[bool] = False  # chooses precision per layer or per sample as it trains (a bit-allocation plot)
     name: str
 
     def __post_init__(self) -> None:
@@ -177,6 +179,7 @@ def gate_options(options: Any) -> list[tuple[int, int]]:
 class Gated(RangeLinear):
     """DFQ's options, which FracTrain shares: the options the gates pick from, their cost and how blocks run."""
 
+    allocating = True
     options: Any  # the model config's [fw, bw] pairs (gate_options)
     weight_bits: Bits
     cp_scope: CpScope
@@ -398,10 +401,12 @@ class MuPPET(Priced):
 
 # ---- DYNASTY ----
 
-STATIC_BITS = 8  # the static operand's mantissa bits, the widest a block gets (qtrain.quant.block_maps.STATIC_BITS)
+STATIC_BITS = 8  # the static operand's mantissa bits, the widest a block gets (qtrain.quant.block_maps reads it here)
 
 
 class Rounding(Enum):
+    """How a format rounds onto its grid (qtrain.quant.formats.ROUNDINGS are these values)."""
+
     NEAREST = "nearest"
     STOCHASTIC = "stochastic"
 
@@ -418,6 +423,7 @@ class ActMap(Enum):
 
 @dataclass(frozen=True)
 class Dynasty(FloatEnds):
+    allocating = True
     target_bits: float = bounded(0, low_open=True)
     max_bits: int = bounded(1, STATIC_BITS)
     levels: list[int] = bounded(0, STATIC_BITS)
@@ -444,6 +450,7 @@ class Dynasty(FloatEnds):
                               f"({', '.join(map(str, levels))})")
 
 
+# Every method by name, in the order the report lists them (qtrain.methods.METHODS holds their classes in it).
 METHODS: dict[str, type[MethodConfig]] = {"float32": Float32, "sbm": SBM, "muppet": MuPPET, "adapt": AdaPT,
                                           "dynasty": Dynasty, "pfq": PFQ, "dfq": DFQ, "fractrain": FracTrain}
 

@@ -1,5 +1,7 @@
 """Typed schemas of the model configs' own keys (``conf/model/<name>.yaml``), built on :mod:`qtrain.config.schema`: a
-dataclass per model in :data:`MODELS`; :func:`check_model` reads ``cfg.model`` before any work. Imports no torch.
+dataclass per model with keys of its own in :data:`MODELS` (any other has :class:`ModelConfig`'s);
+:func:`check_model` reads ``cfg.model`` before any work. The Transformer's
+presets (:data:`PRESETS`) are here too, for the resolver ``qtrain.transformer`` of its config files. Imports no torch.
 
 The ``dfq_*`` keys are the gated methods' (DFQ, FracTrain): their schemas in :mod:`qtrain.config.methods` check them
 where a method reads them. What needs the data stays with the model registry (:mod:`qtrain.models`): whether the
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -35,12 +38,24 @@ class ImageNetResNet(ModelConfig):
     stem: Stem
 
 
-class Preset(Enum):
-    """The Transformer's sizes by name (qtrain.models.transformer.PRESETS)."""
+# The Transformer's sizes by name, with each one's peak learning rate and warm-up (conf/recipe): base is FracTrain
+# Table 2's Transformer-base, small trains on a CPU, tiny is for tests (docs/models.md)
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {"layers": 6, "d_model": 512, "heads": 8, "ffn": 2048, "dropout": 0.1, "seq_len": 256,
+             "lr": 7.0e-4, "warmup_steps": 4000},
+    "small": {"layers": 2, "d_model": 128, "heads": 4, "ffn": 512, "dropout": 0.1, "seq_len": 64,
+              "lr": 1.0e-3, "warmup_steps": 100},
+    "tiny": {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "dropout": 0.0, "seq_len": 16,
+             "lr": 1.0e-3, "warmup_steps": 100},
+}
+Preset = Enum("Preset", {name.upper(): name for name in PRESETS})
 
-    BASE = "base"
-    SMALL = "small"
-    TINY = "tiny"
+
+def preset_value(preset: str, key: str) -> Any:
+    """A preset's size (the resolver ``qtrain.transformer`` of ``conf/model/transformer.yaml``)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset={preset!r} is not allowed (choose from: {', '.join(PRESETS)})")
+    return PRESETS[preset][key]
 
 
 @dataclass(frozen=True)
@@ -59,14 +74,10 @@ class Transformer(ModelConfig):
                               "d_model must be even and a multiple of heads")
 
 
-MODELS: dict[str, type[ModelConfig]] = {
-    **{name: ModelConfig for name in ("resnet20", "resnet38", "resnet74", "resnet110", "resnet164", "alexnet",
-                                      "mobilenetv2")},
-    "resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer}
+# The models with keys of their own to check; every other model (conf/model names them all) has ModelConfig's.
+MODELS: dict[str, type[ModelConfig]] = {"resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer}
 
 
 def check_model(model: DictConfig) -> ModelConfig:
-    """``model`` (a composed config's ``model`` node) read against the schema of ``model.name``."""
-    if model.name not in MODELS:
-        raise ConfigError(f"unknown model {model.name!r} (choose from: {', '.join(sorted(MODELS))})")
-    return read(MODELS[model.name], model, "model")
+    """``model`` (a composed config's ``model`` node; its name one of conf/model's files) read against its schema."""
+    return read(MODELS.get(model.name, ModelConfig), model, "model")

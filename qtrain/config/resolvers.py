@@ -3,24 +3,16 @@ and the run directory's name (``qtrain.run_dir_name``, registered by the ``qtrai
 
 from __future__ import annotations
 
-from typing import Any
-
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain.config.identity import NOT_IN_DIR_NAME, digest, identity
+from qtrain.config.models import preset_value
 
 # The longest part of a run directory's name taken from its overrides (whole key=value items; the id follows).
 NAME_LENGTH = 120
 
 
-def transformer_preset(preset: str, key: str) -> Any:
-    """A Transformer preset's size: the resolver ``qtrain.transformer`` of ``conf/model/transformer.yaml``."""
-    from qtrain.models.transformer import preset_value
-
-    return preset_value(preset, key)
-
-
-OmegaConf.register_new_resolver("qtrain.transformer", transformer_preset, replace=True)
+OmegaConf.register_new_resolver("qtrain.transformer", preset_value, replace=True)
 # hydra.job.config.override_dirname.exclude_keys of conf/config.yaml
 OmegaConf.register_new_resolver("qtrain.not_in_dir_name", lambda: list(NOT_IN_DIR_NAME), replace=True)
 

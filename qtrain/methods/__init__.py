@@ -1,5 +1,5 @@
 """Method registry: ``method.name`` in the config picks the class (one file per method), in the order and under the
-names :mod:`qtrain.catalog` lists with the facts the report reads without torch."""
+names of the config schemas (:data:`qtrain.config.methods.METHODS`; a test ties them)."""
 
 from __future__ import annotations
 

@@ -3,39 +3,20 @@
 Scaled token embeddings and sinusoidal positions, post-norm blocks of causal multi-head attention and a
 ReLU feed-forward network, and a projection to the vocabulary that shares the embedding's weights. Every
 GEMM is a module the cost profile sees and a method can quantize: the linear layers and attention's two
-products of activations (:class:`~qtrain.quant.layers.MatMul`). Presets (``model.preset``): ``base``
-(FracTrain Table 2's Transformer-base), ``small`` (trains on a CPU), ``tiny`` (tests); each also names the
-peak learning rate and warm-up of the default training (``conf/recipe``). See docs/models.md.
+products of activations (:class:`~qtrain.quant.layers.MatMul`). Its sizes come from the config, by preset
+(``model.preset``: :data:`qtrain.config.models.PRESETS`) or one by one. See docs/models.md.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qtrain.errors import ConfigError
 from qtrain.quant.layers import MatMul
 from qtrain.task import LANGUAGE_MODEL
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "base": {"layers": 6, "d_model": 512, "heads": 8, "ffn": 2048, "dropout": 0.1, "seq_len": 256,
-             "lr": 7.0e-4, "warmup_steps": 4000},
-    "small": {"layers": 2, "d_model": 128, "heads": 4, "ffn": 512, "dropout": 0.1, "seq_len": 64,
-              "lr": 1.0e-3, "warmup_steps": 100},
-    "tiny": {"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "dropout": 0.0, "seq_len": 16,
-             "lr": 1.0e-3, "warmup_steps": 100},
-}
-
-
-def preset_value(preset: str, key: str) -> Any:
-    """A preset's size (the resolver ``qtrain.transformer`` of ``conf/model/transformer.yaml``)."""
-    if preset not in PRESETS:
-        raise ConfigError(f"model.preset={preset!r} is not allowed (choose from: {', '.join(PRESETS)})")
-    return PRESETS[preset][key]
 
 
 def sinusoids(length: int, d_model: int) -> torch.Tensor:

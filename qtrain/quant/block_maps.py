@@ -16,13 +16,13 @@ import math
 import torch
 from torch import nn
 
+from qtrain.config.methods import STATIC_BITS
 from qtrain.quant import formats
 from qtrain.quant.formats import Rounding
 from qtrain.quant.quantizers import Quantizer
 
 BLOCK = 4
 WEIGHT_DIMS = (0, 1)  # (C_out, C_in, ...): C_out x C_in blocks at each kernel position
-STATIC_BITS = 8
 
 Dims = tuple[int, int]
 

@@ -18,11 +18,12 @@ from typing import Literal
 
 import torch
 
+from qtrain.config import methods as schemas
 from qtrain.quant.rounding import device_constant, fused, key_for, pow2, round_codes, scale_pow2
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
-ROUNDINGS = ("nearest", "stochastic")
+ROUNDINGS = tuple(rounding.value for rounding in schemas.Rounding)
 GRANULARITIES = ("tensor", "channel", "sample_mean")
 
 
