@@ -48,14 +48,9 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_real(value: Any) -> bool:
-    """An int or float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def is_number(value: Any) -> bool:
-    """A finite real number."""
-    return is_real(value) and math.isfinite(value)
+    """A finite real number: an int or float that is not a bool (nor inf or NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 Bits = typing.NewType("Bits", int)  # a bit-width: an integer in [1, 32], or in the range bounded() gives
