@@ -353,6 +353,7 @@ def test_periods_lay_the_passes_end_to_end_and_cut_them_into_epochs():
             assert periods.global_size(i) == sizes[4 * epoch + i] == len(y)
 
 
+@pytest.mark.slow
 def test_a_sample_of_one_split_leaves_the_other_whole():
     full = load_data(make_config("data=digits").data)
     train_only = load_data(make_config("data=digits", "data.sample={train: 50}").data)

@@ -74,6 +74,7 @@ def test_the_cuda_tests_all_lie_in_the_files_the_check_collects():
     assert "test_fixed_format.py" not in files  # imports qtorch at the top
 
 
+@pytest.mark.slow
 def test_a_timed_out_child_is_killed_with_its_children_and_its_output_kept():
     # the child prints, then waits on a grandchild that holds the output pipe for a minute
     code = ("import subprocess, sys; print('started', flush=True); "

@@ -44,6 +44,7 @@ def test_the_schemas_are_those_of_the_methods_qtrain_has():
 
 
 @pytest.mark.parametrize("method", catalog.METHOD_NAMES)
+@pytest.mark.slow
 def test_every_method_default_fits_its_schema_with_every_model_it_gates(method):
     models = sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
     for model in models:

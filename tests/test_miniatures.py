@@ -3,6 +3,8 @@ results that script measured (results/README.md) belong to them."""
 
 from pathlib import Path
 
+import pytest
+
 from qtrain.config import digest, identity
 
 from .conftest import make_config
@@ -25,6 +27,7 @@ def _header_identities(experiment: str, data: Path, out: Path) -> list[str]:
     return [digest(identity(make_config(*(w for w in run[1:] if not w.startswith(("-", "hydra.")))))) for run in runs]
 
 
+@pytest.mark.slow
 def test_fractrain_wikitext2_trains_the_runs_of_the_wikitext2_miniature(tmp_path):
     earlier = [digest(identity(make_config(*WIKITEXT2_MINI_COMMON, f"data.root={tmp_path / 'wikitext-2'}", *run)))
                for run in WIKITEXT2_MINI_RUNS]

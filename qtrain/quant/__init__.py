@@ -1,0 +1,1 @@
+"""Number formats, rounding, quantizers, autograd primitives and quantized layers (docs/formats.md)."""
