@@ -71,13 +71,17 @@ TRAINED_SHARES = (0.420, 0.0, 0.0, 0.0, 0.227, 0.0, 0.353)
 
 
 def _draw_trained_shares() -> None:
-    """Make every gate draw its samples' options from TRAINED_SHARES (a block that cannot skip: the rest)."""
+    """Make every gate draw its samples' options from TRAINED_SHARES (a block that cannot skip: the rest), except
+    where the method forces an option (its profiles run every block)."""
     from qtrain.methods.gates import GatedBlock
 
     shares = torch.tensor(TRAINED_SHARES)
     generator = torch.Generator().manual_seed(0)
+    own_choice = GatedBlock.choose
 
     def choose(block: GatedBlock, probs: torch.Tensor) -> torch.Tensor:
+        if block.shared[0].forced is not None:
+            return own_choice(block, probs)
         weights = shares.clone()
         if block.mask_skip:
             weights[0] = 0
