@@ -1,0 +1,16 @@
+"""The documentation pages the code names exist, and ship with the package (docs/ installs as qtrain/docs)."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_docs_page_a_module_names_exists_and_is_packaged():
+    named = {page for path in (ROOT / "qtrain").rglob("*.py")
+             for page in re.findall(r"docs/[\w/.-]+?\.md", path.read_text())}
+    assert named, "no module names a docs page"
+    missing = sorted(page for page in named if not (ROOT / page).is_file())
+    assert not missing, missing
+    pyproject = (ROOT / "pyproject.toml").read_text()  # Python 3.10 has no tomllib
+    assert '"qtrain.docs" = "docs"' in pyproject and '"qtrain.docs" = ["**/*.md"]' in pyproject
