@@ -99,8 +99,10 @@ class AmaxHistory:
         return self.last_scale
 
     def record(self, amax: torch.Tensor) -> None:
-        """Append this step's amax to the window (the oldest falls out)."""
-        amax = amax.detach().to(self.history.device, torch.float32).reshape(1)
+        """Append this step's amax to the window (the oldest falls out); the history moves to the amax's device."""
+        if amax.device != self.history.device:
+            self.to(amax.device)
+        amax = amax.detach().to(torch.float32).reshape(1)
         self.history = torch.cat([amax, self.history[:-1]])
 
     def to(self, device: torch.device) -> AmaxHistory:
