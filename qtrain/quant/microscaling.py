@@ -145,7 +145,7 @@ def _hadamard(size: int, seed: int, device: torch.device) -> torch.Tensor:
     while h.shape[0] < size:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
     signs = torch.randint(0, 2, (size,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
-    return (h * signs / math.sqrt(size)).to(torch.float32).to(device)
+    return (h * signs / math.sqrt(size)).to(device)  # float64: each caller rounds it once to its dtype
 
 
 def random_hadamard(x: torch.Tensor, dim: int, size: int = NVFP4_BLOCK, seed: int = 0) -> torch.Tensor:
