@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from qtrain.quant import formats, rounding
+from qtrain.quant import elements, formats, fp8_scaling, microscaling, rounding
 from qtrain.run import run
 
 from .conftest import TINY, make_config
@@ -56,6 +56,14 @@ FORMAT_CALLS = {
     "float-e5m10": lambda x, r: formats.floating_point(x, 5, 10, r),
     "float-e4m3-sat": lambda x, r: formats.floating_point(x, 4, 3, r, saturate=True),
     "float-e8m23": lambda x, r: formats.floating_point(x, 8, 23, r),
+    "element-e4m3": lambda x, r: elements.round_to_element(x, "e4m3", r),
+    "element-int8": lambda x, r: elements.round_to_element(x, "int8", r),
+    "fp8-current": lambda x, r: fp8_scaling.current_scaled_fp8(x, "e5m2", 1, r),
+    "fp8-scaled": lambda x, r: fp8_scaling.scaled_fp8(x, "e4m3", torch.tensor(3.5, device=x.device), r),
+    "mx-e2m1": lambda x, r: microscaling.mx_quantize(x, "e2m1", -1, rounding=r),
+    "mx-int8-dim": lambda x, r: microscaling.mx_quantize(x, "int8", 1, block=4, rounding=r),
+    "nvfp4": lambda x, r: microscaling.nvfp4_quantize(x, 2, rounding=r),
+    "nvfp4-2d": lambda x, r: microscaling.nvfp4_quantize(x, -1, block=4, rounding=r, two_d=True),
 }
 
 

@@ -594,20 +594,31 @@ def tile_decode(codes: torch.Tensor, step: torch.Tensor, shape: torch.Size, dims
     return _untile(_tile_decode(codes, step), shape, dims)
 
 
-@fused
-def _floating_point(x: torch.Tensor, key: torch.Tensor, *, exp: int, man: int, stochastic: bool,
-                    saturate: bool) -> torch.Tensor:
-    bias = 2 ** (exp - 1) - 1
-    largest = 2.0**bias * (2 - 2.0**-man)
+def float_grid(x: torch.Tensor, key: torch.Tensor, *, man: int, emin: int, emax: int, top: int, stochastic: bool,
+               overflow: str) -> torch.Tensor:
+    """``x`` (float32) rounded onto a binary floating-point grid with ``man`` mantissa bits.
+
+    Normal exponents run from ``emin`` to ``emax``, with gradual underflow below ``2^emin`` (step
+    ``2^(emin - man)``); the largest magnitude is ``top * 2^(emax - man)`` (``top = 2^(man+1) - 1`` on the
+    IEEE grid, less where the top codes are reserved, as E4M3's NaN). ``overflow`` says where results
+    beyond it go: "inf" (±inf, IEEE), "saturate_finite" (finite values to ±largest, ±inf stay) or
+    "saturate" (±inf too). NaN stays NaN; a negative value rounded to zero is -0.
+    """
+    largest = top * 2.0 ** (emax - man)
     # floor(log2|x|) from the exponent bits; float32 subnormals (bits 0 -> -127) lie below every
     # format's smallest normal exponent, where the step stays fixed
-    e = (((x.view(torch.int32) >> 23) & 0xFF) - 127).clamp(1 - bias, bias)
+    e = (((x.view(torch.int32) >> 23) & 0xFF) - 127).clamp(emin, emax)
     codes = round_codes(scale_pow2(x, man - e), key, stochastic=stochastic)
     out = torch.copysign(scale_pow2(codes, e - man), x)  # a negative value rounded to zero is -0
-    overflow = out.abs() > largest
-    if saturate:
-        return torch.where(overflow & (x.abs() != math.inf), torch.where(x < 0, -largest, largest), out)
-    return torch.where(overflow, torch.where(x < 0, -math.inf, math.inf), out)
+    too_large = out.abs() > largest
+    if overflow == "inf":
+        return torch.where(too_large, torch.where(x < 0, -math.inf, math.inf), out)
+    if overflow == "saturate_finite":
+        too_large = too_large & (x.abs() != math.inf)
+    return torch.where(too_large, torch.where(x < 0, -largest, largest), out)
+
+
+_floating_point = fused(float_grid)
 
 
 def floating_point(
@@ -627,4 +638,6 @@ def floating_point(
     if x.dtype != torch.float32:
         raise TypeError(f"floating_point reads float32 bits; got {x.dtype}")
     stochastic = _stochastic(rounding)
-    return _floating_point(x, key_for(stochastic, x.device), exp=exp, man=man, stochastic=stochastic, saturate=saturate)
+    bias = 2 ** (exp - 1) - 1
+    return _floating_point(x, key_for(stochastic, x.device), man=man, emin=1 - bias, emax=bias, top=2 ** (man + 1) - 1,
+                           stochastic=stochastic, overflow="saturate_finite" if saturate else "inf")

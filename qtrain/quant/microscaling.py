@@ -1,0 +1,165 @@
+"""Block-scaled formats: OCP Microscaling (MX) and NVIDIA's NVFP4, and NVFP4's random Hadamard transform (docs/formats.md).
+
+- **MX** (OCP MX v1.0): blocks of 32 consecutive elements along one dimension share an E8M0 scale (a power of
+  two, 2^-127..2^127); elements in E4M3, E5M2 (MXFP8), E3M2, E2M3 (MXFP6), E2M1 (MXFP4) or INT8 (MXINT8).
+- **NVFP4**: blocks of 16 share an E4M3 scale, under one float32 scale per tensor; E2M1 elements. With
+  ``two_d``, 16 x 16 tiles of the last two dimensions share the scale (NVIDIA's recipe for weights, so a
+  weight and its transpose quantize to the same values).
+
+Each function returns the tensor dequantized, in float32, in the input's shape; a last partial block is
+quantized as if zero-padded. ``SCALE_BITS`` and the block sizes are what the cost meter charges per block.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+
+from qtrain.quant.elements import ELEMENTS, element_math
+from qtrain.quant.formats import Rounding, _stochastic
+from qtrain.quant.rounding import device_constant, fused, key_for, scale_pow2
+
+SCALE_BITS = 8  # E8M0 (MX) and E4M3 (NVFP4) block scales alike
+MX_BLOCK = 32
+NVFP4_BLOCK = 16
+E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT = -127, 127  # 0xFF is NaN; E8M0 has no zero and no infinity
+NVFP4_TENSOR_SCALE_MIN = 2.0**-120  # the per-tensor scale's floor (see nvfp4_quantize)
+E4M3_SMALLEST_NORMAL = 2.0**-6  # NVFP4's smallest block scale
+MX_ELEMENTS = tuple(ELEMENTS)
+
+
+def _block_view(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """``x`` as ``(rows, blocks, block)``: runs of ``block`` consecutive elements along ``dim``, the last one
+    zero-padded; and the function that takes a tensor of that shape back to ``x``'s layout."""
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    rows = moved.reshape(-1, n)
+    if n % block:
+        rows = torch.nn.functional.pad(rows, (0, -n % block))
+    view = rows.reshape(rows.shape[0], -1, block)
+    return view, lambda y: y.reshape(rows.shape)[:, :n].reshape(moved.shape).movedim(-1, dim)
+
+
+def _tile_view(x: torch.Tensor, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """``x`` (2-D or more) as ``(batch, rows // block, block, cols // block, block)``: ``block`` x ``block`` tiles of
+    its last two dimensions, zero-padded at the edges; and the function back to ``x``'s layout."""
+    r, c = x.shape[-2:]
+    flat = x.reshape(-1, r, c)
+    if r % block or c % block:
+        flat = torch.nn.functional.pad(flat, (0, -c % block, 0, -r % block))
+    padded = flat.shape
+    view = flat.reshape(padded[0], padded[1] // block, block, padded[2] // block, block)
+    return view, lambda y: y.reshape(padded)[:, :r, :c].reshape(x.shape)
+
+
+@fused
+def _mx(blocks: torch.Tensor, key: torch.Tensor, *, elem: str, stochastic: bool) -> torch.Tensor:
+    """MX on ``(rows, blocks, block)``: shared exponent ``floor(log2 amax) - emax_elem`` clamped to E8M0's range;
+    elements on the element grid at that scale; a block with NaN or inf (no E8M0 scale) all NaN."""
+    amax = blocks.abs().amax(-1, keepdim=True)  # NaN propagates
+    # floor(log2 amax) from the exponent bits: a float32 subnormal or zero amax reads -127, below every clamp
+    k = (((amax.view(torch.int32) >> 23) & 0xFF) - 127 - ELEMENTS[elem].emax).clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
+    elements = element_math(scale_pow2(blocks, -k), key, elem=elem, stochastic=stochastic)
+    return torch.where(amax < math.inf, scale_pow2(elements, k), math.nan)
+
+
+def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rounding: Rounding = "nearest",
+                key: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` in the OCP MX format with element ``elem`` (a key of ``ELEMENTS``), blocks of ``block`` along ``dim``.
+
+    Per block (spec section 6.3): shared scale ``X = 2^(floor(log2 amax) - emax_elem)``, amax the block's
+    largest magnitude and emax_elem the element format's largest normal exponent, the exponent clamped to
+    E8M0's -127..127 (a block below 2^(emax_elem - 127) keeps scale 2^-127; the top clamp is never reached
+    by a finite amax); elements ``round_to_element(x / X)``, saturating at ±max normal (half to even, or
+    stochastic with ``key``); returned as ``element * X``. An all-zero block stays zero; a block holding NaN
+    or ±inf comes back all NaN (its amax has no E8M0 scale: the spec's NaN scale).
+    """
+    if elem not in ELEMENTS:
+        raise ValueError(f"MX element {elem!r} is not one of {MX_ELEMENTS}")
+    _check_float32(x)
+    if x.numel() == 0:
+        return x.clone()
+    stochastic = _stochastic(rounding)
+    key = key_for(stochastic, x.device) if key is None else key.to(x.device)
+    view, back = _block_view(x, dim, block)
+    return back(_mx(view, key, elem=elem, stochastic=stochastic))
+
+
+@fused
+def _nvfp4(view: torch.Tensor, consts: torch.Tensor, key: torch.Tensor, *, two_d: bool, stochastic: bool) -> torch.Tensor:
+    """NVFP4 on a block view (:func:`_block_view`, 3-D) or tile view (:func:`_tile_view`, 5-D), in torchao's order of
+    operations; ``consts`` holds 6 (E2M1's max), 448 * 6 and the per-tensor scale's floor, as tensors (a
+    compiled division by a literal becomes a multiplication by its rounded reciprocal)."""
+    fp4_max, scale_max, floor = consts[0], consts[1], consts[2]
+    magnitude = view.abs()
+    tensor_amax = torch.where(magnitude < math.inf, magnitude, 0.0).amax()
+    tensor_scale = torch.maximum(tensor_amax / scale_max, floor)
+    block_amax = magnitude.amax(dim=(2, 4) if two_d else 2, keepdim=True)  # NaN propagates
+    block_scale = torch.clamp(block_amax / fp4_max / tensor_scale, E4M3_SMALLEST_NORMAL, ELEMENTS["e4m3"].max_normal)
+    block_scale = element_math(block_scale, key, elem="e4m3", stochastic=False)
+    scaled = torch.clamp(view * (torch.reciprocal(tensor_scale) / block_scale), -6.0, 6.0)
+    elements = element_math(scaled, key, elem="e2m1", stochastic=stochastic)
+    return torch.where(block_amax < math.inf, elements * (tensor_scale * block_scale), math.nan)
+
+
+def nvfp4_quantize(x: torch.Tensor, dim: int, block: int = NVFP4_BLOCK, rounding: Rounding = "nearest",
+                   key: torch.Tensor | None = None, two_d: bool = False) -> torch.Tensor:
+    """``x`` in NVFP4: E2M1 elements, an E4M3 scale per block of ``block`` along ``dim``, a float32 scale per tensor.
+
+    In torchao's order (``nvfp4_quantize`` with ``per_tensor_amax_to_scale``), each step rounded in float32:
+    tensor scale ``s = amax / (448 * 6)`` (amax over the finite values); per block ``e4m3((amax_b / 6) / s)``
+    with the quotient clamped to [2^-6, 448] first (``S_b``); elements ``e2m1(clamp(x * ((1 / s) / S_b), -6,
+    6))`` (half to even or stochastic); returned as ``element * (s * S_b)``. The tensor scale is at least
+    2^-120, so an all-zero tensor stays zero (torchao divides by zero there) and ``1 / s`` stays finite. A
+    block holding NaN or ±inf comes back all NaN. With ``two_d``, ``block`` x ``block`` tiles of the last two
+    dimensions share a scale, whichever ``dim`` is given.
+    """
+    _check_float32(x)
+    if x.numel() == 0:
+        return x.clone()
+    stochastic = _stochastic(rounding)
+    key = key_for(stochastic, x.device) if key is None else key.to(x.device)
+    if two_d:
+        if x.dim() < 2:
+            raise ValueError("2-D NVFP4 blocks need a tensor of 2 or more dimensions")
+        view, back = _tile_view(x, block)
+    else:
+        view, back = _block_view(x, dim, block)
+    consts = device_constant((6.0, 448.0 * 6.0, NVFP4_TENSOR_SCALE_MIN), torch.float32, x.device)
+    return back(_nvfp4(view, consts, key, two_d=two_d, stochastic=stochastic))
+
+
+def _check_float32(x: torch.Tensor) -> None:
+    if x.dtype != torch.float32:
+        raise TypeError(f"block-scaled formats read float32; got {x.dtype}")
+
+
+@functools.cache
+def _hadamard(size: int, seed: int, device: torch.device) -> torch.Tensor:
+    """The ``size`` x ``size`` orthogonal matrix ``H diag(s) / sqrt(size)``: Sylvester's Hadamard matrix H and
+    random signs s drawn from a generator seeded with ``seed`` (the same on every device)."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+    signs = torch.randint(0, 2, (size,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    return (h * signs / math.sqrt(size)).to(device)  # float64: each caller rounds it once to its dtype
+
+
+def random_hadamard(x: torch.Tensor, dim: int, size: int = NVFP4_BLOCK, seed: int = 0) -> torch.Tensor:
+    """The block-diagonal randomized Hadamard transform of ``x`` along ``dim``: each run of ``size`` elements
+    ``v`` becomes ``Q v`` with ``Q = H diag(s) / sqrt(size)`` (orthogonal; H Sylvester's, s random signs from
+    ``seed``). A last partial run passes unchanged. The same transform of both operands of a GEMM along its
+    reduction dimension leaves the product unchanged up to rounding (``Q^T Q = I``): NVFP4's recipe applies
+    it to the inputs of the weight-gradient GEMM.
+    """
+    if size < 1 or size & (size - 1):
+        raise ValueError(f"Hadamard size must be a power of two; got {size}")
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    whole = n - n % size
+    q = _hadamard(size, seed, x.device).to(x.dtype)
+    head = (moved[..., :whole].reshape(*moved.shape[:-1], whole // size, size) @ q.T).reshape(*moved.shape[:-1], whole)
+    return torch.cat([head, moved[..., whole:]], dim=-1).movedim(-1, dim)
