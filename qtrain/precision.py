@@ -51,10 +51,15 @@ FLOAT32 = Bits()
 
 @dataclass(frozen=True)
 class LayerPrecision:
-    """The precision options in use by one layer, each with the share of the work it does."""
+    """The precision options in use by one layer, each with the share of the work it does.
+
+    ``datapath``, where set, is what the MAC units multiply when that differs from the bits charged per element:
+    a scaled format's significand widths, without the amortized scale bits (a layer of one option).
+    """
 
     options: tuple[tuple[float, Bits], ...]
     fmt: str = "float32"
+    datapath: Bits | None = None
 
     @classmethod
     def uniform(cls, bits: Bits, fmt: str) -> LayerPrecision:

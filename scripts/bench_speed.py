@@ -23,8 +23,10 @@ with their gates' choices drawn from TRAINED_SHARES, the option shares of a trai
 from untrained gates (which send most samples past their blocks); dfq_mix_all runs every option for
 every sample, as the reference code does (timed once, over at most 5 steps: it has no target and takes
 several times as long).
+FP8 and the block-scaled recipes (mxfp8, mxfp6, mxfp4, nvfp4: the league's) run at their config defaults.
 Targets: SBM, both FW-8/BW-16 readings, PFQ and MuPPET <= 1.2x float32 in time, DFQ, FracTrain and
-AdaPT <= 1.35x, DYNASTY <= 1.5x; every method <= 1.2x in memory (DYNASTY 1.3x), stochastic rounding <= 2x a copy.
+AdaPT <= 1.35x, DYNASTY <= 1.5x, FP8 and MX <= 1.3x; every method <= 1.2x in memory (DYNASTY 1.3x), stochastic
+rounding <= 2x a copy.
 On the Transformer: SBM and PFQ <= 1.25x in time and 1.2x in memory (the others are measured, with no target;
 DFQ and FracTrain do not apply to it); PFQ quantizes the vocabulary projection there, as Table 2's runs do.
 """
@@ -46,17 +48,25 @@ VARIANTS = {
     "sbm_bw16_bifurcation": ["experiment=sbm_bw16_bifurcation"],
     "sbm_bw16_both_paths": ["experiment=sbm_bw16_both_paths"],
     "dfq_mix_all": ["method=dfq", "method.execution=mix_all"],
+    # the league's block-scaled recipes (conf/experiment/league.yaml)
+    "mxfp8": ["method=mx", "method.weight=mxfp8_e4m3", "method.act=mxfp8_e4m3", "method.grad=mxfp8_e5m2"],
+    "mxfp6": ["method=mx"],
+    "mxfp4": ["method=mx", "method.weight=mxfp4_e2m1"],
+    "nvfp4": ["method=mx", "method.weight=nvfp4", "method.act=nvfp4", "method.grad=nvfp4", "method.grad_rounding=stochastic",
+              "method.weight_blocks=2d", "method.hadamard_wgrad=true"],
 }
+SCALED = ("fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
 METHODS = ("float32", "sbm", "sbm_bw16_bifurcation", "sbm_bw16_both_paths", "pfq", "dfq", "dfq_mix_all", "fractrain",
-           "muppet", "adapt", "dynasty")
+           "muppet", "adapt", "dynasty", *SCALED)
 TIME_TARGET = 1.2
 # others: TIME_TARGET
-TIME_TARGETS = {"dfq": 1.35, "fractrain": 1.35, "adapt": 1.35, "dynasty": 1.5, "dfq_mix_all": None}
+TIME_TARGETS = {"dfq": 1.35, "fractrain": 1.35, "adapt": 1.35, "dynasty": 1.5, "dfq_mix_all": None,
+                **{name: 1.3 for name in SCALED}}
 ADAPT_SWITCH_EVERY = 25  # optimizer steps between a layer's switches at the shortest lookback (AdaPT Sec. 4.1.1)
 SLOW = {"dfq_mix_all"}  # timed in the first round only, over at most 5 steps
 MEMORY_TARGET = 1.2
 MEMORY_TARGETS = {"dynasty": 1.3}  # others: MEMORY_TARGET
-TRANSFORMER_METHODS = ("float32", "sbm", "pfq", "muppet", "adapt", "dynasty")
+TRANSFORMER_METHODS = ("float32", "sbm", "pfq", "muppet", "adapt", "dynasty", *SCALED)
 # PFQ as FracTrain Table 2's Transformer runs trains it (fractrain_wikitext103): the vocabulary projection quantized
 TRANSFORMER_OVERRIDES = {"pfq": ["method.last_layer=quantized"]}
 TRANSFORMER_TIME_TARGETS = {"sbm": 1.25, "pfq": 1.25}  # others: measured only

@@ -103,7 +103,7 @@ def test_fused_kernel_equals_torch_cast(exp, man):
     _assert_same_bits(formats.floating_point(x, exp, man), x.to(CASTS[exp, man]).float())
 
 
-@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty"])
+@pytest.mark.parametrize("method", ["sbm", "pfq", "dfq", "fractrain", "muppet", "adapt", "dynasty", "fp8", "mx"])
 def test_fused_and_eager_quantizers_train_to_the_same_bits(tmp_path, method):
     # fused stays part of a run's identity (another kernel, another run); its results must not differ
     overrides = [*TINY, f"method={method}", "train.epochs=1"]

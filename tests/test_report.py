@@ -896,3 +896,38 @@ def test_a_bad_stand_in_is_one_line_before_any_output(tmp_path, args, error):
     with pytest.raises(ReportError, match=error.replace("(", r"\(").replace(")", r"\)")):
         report([str(tmp_path / "runs"), *args, "--csv", str(tmp_path / "out" / "t.csv")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_pareto_frontier_keeps_the_points_nothing_beats_on_cost_and_score():
+    from qtrain.report.plots import pareto_front
+
+    costs = [100.0, 6.25, 3.8, 6.25, 1.9, 12.0]
+    scores = [92.0, 91.0, 88.5, 90.0, 80.0, 91.0]  # the 12 % point ties a cheaper one; 6.25 twice: the better
+    assert pareto_front(costs, scores) == [4, 2, 1, 0]
+    assert pareto_front([5.0], [1.0]) == [0]
+
+
+def test_the_report_draws_a_pareto_plot_per_model_and_data(tmp_path):
+    from matplotlib.figure import Figure
+
+    from qtrain.report import plots
+
+    for seed in (0, 1):
+        fake_run(tmp_path, f"f{seed}", "float32", [0.5, 0.70 + seed / 100], [5e11, 1e12], seed=seed, model="resnet20")
+        fake_run(tmp_path, f"s{seed}", "sbm", [0.5, 0.69 + seed / 100], [3e10, 6.25e10], seed=seed, model="resnet20")
+        fake_run(tmp_path, f"m{seed}", "mx", [0.5, 0.60], [2e10, 4e10], seed=seed, model="resnet20")
+    drawn = []
+    original = Figure.savefig
+    Figure.savefig = lambda fig, *a, **k: (drawn.append(fig), original(fig, *a, **k))[1]
+    try:
+        paths = plots.pareto_plot(summary_frame(run_frame(find_runs([tmp_path]))), tmp_path / "plots")
+    finally:
+        Figure.savefig = original
+    assert [p.name for p in paths] == ["pareto-resnet20-cifar100-paper.png"]
+    axes = drawn[0].axes[0]
+    frontier = [line for line in axes.lines if line.get_label() == "Pareto frontier"][0]
+    # mx (4 %, 60 %) is cheapest, SBM (6.25 %, 69.5 %) better, float32 (100 %, 70.5 %) best: all three on the frontier
+    assert list(frontier.get_xdata()) == pytest.approx([4.0, 6.25, 100.0])
+    assert list(frontier.get_ydata()) == pytest.approx([60.0, 69.5, 70.5])
+    width, height = _png_size(paths[0])
+    assert width > 300 and height > 200

@@ -85,6 +85,11 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     ["method=dynasty", "method.target_bits=2", "sched.warmup_epochs=2"],
     # epochs of 3 batches over passes of 4: the kill falls where an epoch starts inside a pass
     ["method=sbm", "train.batches_per_epoch=3"],
+    # FP8's delayed scaling: every operand's amax history carried over
+    ["method=fp8", "method.amax_history_len=3", "method.first_layer=quantized"],
+    # NVFP4 with stochastic gradients, 2-D weight blocks and the Hadamard transform
+    ["method=mx", "method.weight=nvfp4", "method.act=nvfp4", "method.grad=nvfp4", "method.grad_rounding=stochastic",
+     "method.weight_blocks=2d", "method.hadamard_wgrad=true"],
     # a language model: token batches, quantized attention, perplexity, a stage switch after epoch 1
     [*TINY_TEXT, "method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
 ])

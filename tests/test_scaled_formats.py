@@ -345,7 +345,7 @@ def test_delayed_scaling_resumes_exactly():
     resumed = AmaxHistory(3, "max")
     resumed.load_state_dict(first.state_dict())
     assert head + _scales(resumed, amaxes[4:]) == whole
-    with pytest.raises(ValueError, match="length"):
+    with pytest.raises(RuntimeError, match="size mismatch for history"):
         AmaxHistory(2, "max").load_state_dict(first.state_dict())
     with pytest.raises(ValueError, match="not one of"):
         AmaxHistory(2, "mean")

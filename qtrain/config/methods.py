@@ -450,9 +450,71 @@ class Dynasty(FloatEnds):
                               f"({', '.join(map(str, levels))})")
 
 
+# ---- scaled formats: FP8, OCP MX, NVFP4 ----
+class Fp8Element(Enum):
+    E4M3 = "e4m3"  # max 448, no infinities
+    E5M2 = "e5m2"  # max 57344, IEEE-like
+
+
+class Scaling(Enum):
+    DELAYED = "delayed"  # from the amax history of earlier steps (Transformer Engine's DelayedScaling)
+    CURRENT = "current"  # from this tensor's own amax
+
+
+class AmaxReduction(Enum):
+    MAX = "max"
+    MOST_RECENT = "most_recent"
+
+
+@dataclass(frozen=True)
+class FP8(FloatEnds):
+    weight: Fp8Element
+    act: Fp8Element
+    grad: Fp8Element
+    scaling: Scaling
+    amax_history_len: int = bounded(1)
+    amax_compute_algo: AmaxReduction
+    margin: int = bounded(0)
+
+
+class BlockFormat(Enum):
+    MXFP8_E4M3 = "mxfp8_e4m3"
+    MXFP8_E5M2 = "mxfp8_e5m2"
+    MXFP6_E3M2 = "mxfp6_e3m2"
+    MXFP6_E2M3 = "mxfp6_e2m3"
+    MXFP4_E2M1 = "mxfp4_e2m1"
+    MXINT8 = "mxint8"
+    NVFP4 = "nvfp4"
+
+
+class WeightBlocks(Enum):
+    ONE_D = "1d"  # blocks along each GEMM's reduction dimension
+    TWO_D = "2d"  # 16 x 16 tiles, the same in the weight and its transpose (NVFP4's recipe)
+
+
+@dataclass(frozen=True)
+class MX(FloatEnds):
+    weight: BlockFormat
+    act: BlockFormat
+    grad: BlockFormat
+    grad_rounding: Rounding
+    weight_blocks: WeightBlocks
+    hadamard_wgrad: bool
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weight_blocks is WeightBlocks.TWO_D and self.weight is not BlockFormat.NVFP4:
+            raise not_allowed("method.weight_blocks", "2d", f"2-D weight blocks are NVFP4's (method.weight={self.weight.value}: "
+                              "use 1d)")
+        if self.hadamard_wgrad and BlockFormat.NVFP4 not in (self.act, self.grad):
+            raise not_allowed("method.hadamard_wgrad", True, "the weight-gradient GEMM's Hadamard transform is NVFP4's "
+                              "recipe: set method.act or method.grad to nvfp4, or hadamard_wgrad to false")
+
+
 # Every method by name, in the order the report lists them (qtrain.methods.METHODS holds their classes in it).
 METHODS: dict[str, type[MethodConfig]] = {"float32": Float32, "sbm": SBM, "muppet": MuPPET, "adapt": AdaPT,
-                                          "dynasty": Dynasty, "pfq": PFQ, "dfq": DFQ, "fractrain": FracTrain}
+                                          "dynasty": Dynasty, "pfq": PFQ, "dfq": DFQ, "fractrain": FracTrain,
+                                          "fp8": FP8, "mx": MX}
 
 
 def check_method(method: DictConfig) -> MethodConfig:

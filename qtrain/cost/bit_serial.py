@@ -33,10 +33,11 @@ def cycles_per_mac(bits_a: float, bits_b: float) -> float:
 class BitSerial:
     name = "bit_serial"
 
-    def gemm(self, options: list[tuple[float, float, float]], macs: float,
+    def gemm(self, options: list[tuple[float, float, float, float, float]], macs: float,
              _elements: tuple[int, int, int]) -> tuple[float, float]:
-        """(seconds, joules) of a GEMM of ``macs`` MACs whose operand bits are ``(share, a, b)`` options."""
-        seconds = sum(share * macs * cycles_per_mac(a, b) for share, a, b in options) / FREQUENCY_HZ
+        """(seconds, joules) of a GEMM of ``macs`` MACs whose options are ``(share, a, b, a_mac, b_mac)``: the serial
+        and parallel widths are the multiplied ones (a scaled format's significands)."""
+        seconds = sum(share * macs * cycles_per_mac(a, b) for share, _, _, a, b in options) / FREQUENCY_HZ
         return seconds, seconds * POWER_W
 
     def layer_overhead(self, fmt: str, macs: float) -> tuple[float, float]:

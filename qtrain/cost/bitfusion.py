@@ -40,13 +40,14 @@ def macs_per_cycle(bits_a: float, bits_b: float) -> float:
 class BitFusion:
     name = "bitfusion"
 
-    def gemm(self, options: list[tuple[float, float, float]], macs: float,
+    def gemm(self, options: list[tuple[float, float, float, float, float]], macs: float,
              elements: tuple[int, int, int]) -> tuple[float, float]:
-        """(seconds, joules) of a GEMM of ``macs`` MACs on operands of ``elements`` = (input-side, weight-side, output)."""
+        """(seconds, joules) of a GEMM of ``macs`` MACs on operands of ``elements`` = (input-side, weight-side, output),
+        options ``(share, a, b, a_mac, b_mac)``: bits moved per element, widths the fusion units multiply."""
         a_elems, b_elems, out_elems = elements
         compute = a_bits = b_bits = done = 0.0
-        for share, a, b in options:
-            rate = macs_per_cycle(a, b)
+        for share, a, b, a_mac, b_mac in options:
+            rate = macs_per_cycle(a_mac, b_mac)
             if rate:  # a skipped (0-bit) share moves and computes nothing
                 compute += share * macs / rate
                 a_bits += share * a_elems * a

@@ -26,7 +26,7 @@ BASELINE = LayerPrecision.uniform(Bits(8, 8, 8, 8), "baseline")
 class HardwareModel(Protocol):
     name: str
 
-    def gemm(self, options: list[tuple[float, float, float]], macs: float,
+    def gemm(self, options: list[tuple[float, float, float, float, float]], macs: float,
              elements: tuple[int, int, int]) -> tuple[float, float]: ...
 
     def layer_overhead(self, fmt: str, macs: float) -> tuple[float, float]: ...
@@ -37,13 +37,18 @@ MODELS: tuple[HardwareModel, ...] = (BitSerial(), BitFusion())  # every run's, a
 
 def price_layer(model: HardwareModel, layer: LayerPrecision, macs: int, sizes: OperandSizes,
                 samples: int) -> tuple[float, float]:
-    """(seconds, joules) of one step of ``samples`` samples through a layer's three GEMMs at ``layer``'s precision."""
+    """(seconds, joules) of one step of ``samples`` samples through a layer's three GEMMs at ``layer``'s precision.
+
+    Each GEMM's options go to the model as ``(share, a, b, a_mac, b_mac)``: the operands' bits as stored and
+    moved, and the widths the MAC units multiply (the same, but for scaled formats: ``layer.datapath``).
+    """
     total = macs * samples
     x, y, w = samples * sizes.inputs, samples * sizes.outputs, sizes.weight * (samples if sizes.weight_per_sample else 1)
     elements = ((x, w, y), (y, w, x), (x, y, w))  # forward, error, weight gradient: (input side, weight side, output)
     seconds, joules = model.layer_overhead(layer.fmt, total)
     for g in range(3):
-        options = [(share, *bits.gemm_operands()[g]) for share, bits in layer.options]
+        options = [(share, *bits.gemm_operands()[g], *(layer.datapath or bits).gemm_operands()[g])
+                   for share, bits in layer.options]
         s, j = model.gemm(options, total, elements[g])
         seconds, joules = seconds + s, joules + j
     return seconds, joules

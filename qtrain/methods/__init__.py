@@ -11,12 +11,14 @@ from qtrain.methods.base import Method, RunFacts, StepInfo
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.dynasty import Dynasty
 from qtrain.methods.float32 import Float32
+from qtrain.methods.fp8 import FP8
 from qtrain.methods.fractrain import FracTrain
 from qtrain.methods.muppet import MuPPET
+from qtrain.methods.mx import MX
 from qtrain.methods.pfq import PFQ
 from qtrain.methods.sbm import SBM
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, Dynasty, PFQ, DFQ, FracTrain)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, Dynasty, PFQ, DFQ, FracTrain, FP8, MX)}
 
 
 def build_method(cfg: DictConfig) -> Method:

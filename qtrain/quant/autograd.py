@@ -60,14 +60,14 @@ def quantize_grad(x: torch.Tensor, quantize: Fn) -> torch.Tensor:
     return _QuantizeGrad.apply(x, quantize)
 
 
-def _conv_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mask: list[bool]) -> tuple:
+def conv_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mask: list[bool]) -> tuple:
     return torch.ops.aten.convolution_backward(
         grad, x, w, [w.shape[0]] if mask[2] else None,
         layer.stride, layer.padding, layer.dilation, False, [0, 0], layer.groups, mask,
     )
 
 
-def _linear_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mask: list[bool]) -> tuple:
+def linear_grads(layer: Any, grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mask: list[bool]) -> tuple:
     grad_x = grad @ w if mask[0] else None
     flat = grad.reshape(-1, grad.shape[-1])
     grad_w = flat.t() @ x.reshape(-1, x.shape[-1]) if mask[1] else None
@@ -103,7 +103,7 @@ class QuantizedGEMM(torch.autograd.Function):
         weight, *saved = ctx.saved_tensors
         layer, q = ctx.layer, ctx.quant
         x = q.act.expand(tuple(saved), ctx.x_shape) if q.act is not None else saved[0]
-        grads_of = _conv_grads if isinstance(layer, torch.nn.Conv2d) else _linear_grads
+        grads_of = conv_grads if isinstance(layer, torch.nn.Conv2d) else linear_grads
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         want_x, want_w = need_x or q.observer is not None, need_w or q.observer is not None

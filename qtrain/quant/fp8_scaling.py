@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from qtrain.quant.elements import ElementFormat, element_format, element_math
 from qtrain.quant.formats import Rounding, _stochastic
@@ -67,7 +68,7 @@ def current_scaled_fp8(x: torch.Tensor, fmt: ElementFormat | str, margin: int = 
     return scaled_fp8(x, fmt, fp8_scale(x.detach().abs().amax(), fmt, margin), rounding, key)
 
 
-class AmaxHistory:
+class AmaxHistory(nn.Module):
     """The amaxes of the last ``length`` steps of one tensor, and the delayed scale they give (Transformer Engine's
     ``DelayedScaling``: ``amax_history_len`` and ``amax_compute_algo``).
 
@@ -76,17 +77,22 @@ class AmaxHistory:
     TE's order: the amax of step i is written into the history during step i, and the history and scale are
     updated after it. The reduction "max" takes the largest amax in the window (NaN entries ignored, as TE's
     ``fmaxf``), "most_recent" the last one recorded; where that amax is 0 or not finite the previous scale is
-    kept. The window starts as zeros.
+    kept. The window starts as zeros. The history and the last scale are buffers: a quantizer that holds an
+    ``AmaxHistory`` carries them in its model's state_dict, to its device, and into every checkpoint.
     """
 
+    history: torch.Tensor
+    last_scale: torch.Tensor
+
     def __init__(self, length: int, reduction: str) -> None:
+        super().__init__()
         if length < 1:
             raise ValueError(f"amax history length must be at least 1; got {length}")
         if reduction not in REDUCTIONS:
             raise ValueError(f"amax reduction {reduction!r} is not one of {REDUCTIONS}")
         self.length, self.reduction = length, reduction
-        self.history = torch.zeros(length)  # history[0] the most recent amax
-        self.last_scale = torch.ones(())
+        self.register_buffer("history", torch.zeros(length))  # history[0] the most recent amax
+        self.register_buffer("last_scale", torch.ones(()))
 
     def _amax(self) -> torch.Tensor:
         if self.reduction == "most_recent":
@@ -95,26 +101,9 @@ class AmaxHistory:
 
     def scale(self, fmt: ElementFormat | str, margin: int = 0) -> torch.Tensor:
         """This step's scale, from the amaxes recorded so far (:func:`fp8_scale`); the same until the next record."""
-        self.last_scale = fp8_scale(self._amax(), fmt, margin, previous=self.last_scale)
-        return self.last_scale
+        self.last_scale.copy_(fp8_scale(self._amax(), fmt, margin, previous=self.last_scale))
+        return self.last_scale.clone()
 
     def record(self, amax: torch.Tensor) -> None:
-        """Append this step's amax to the window (the oldest falls out); the history moves to the amax's device."""
-        if amax.device != self.history.device:
-            self.to(amax.device)
-        amax = amax.detach().to(torch.float32).reshape(1)
-        self.history = torch.cat([amax, self.history[:-1]])
-
-    def to(self, device: torch.device) -> AmaxHistory:
-        """Keep the history and scale on ``device``; returns self."""
-        self.history, self.last_scale = self.history.to(device), self.last_scale.to(device)
-        return self
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"history": self.history.clone(), "last_scale": self.last_scale.clone()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if state["history"].shape != (self.length,):
-            raise ValueError(f"amax history of length {tuple(state['history'].shape)} does not fit length {self.length}")
-        self.history = state["history"].to(self.history.device, torch.float32).clone()
-        self.last_scale = state["last_scale"].to(self.last_scale.device, torch.float32).clone()
+        """Append this step's amax to the window (the oldest falls out)."""
+        self.history.copy_(torch.cat([amax.detach().to(self.history).reshape(1), self.history[:-1]]))

@@ -8,6 +8,8 @@ weight's place in the three GEMMs (forward ``a @ b``, error GEMM ``G @ b^T``, an
 weight-gradient GEMM's place), and is quantized by the ``weight`` quantizer.
 Where the quantizers allow it, per-sample activation and gradient bit-widths can be set around a
 forward (``sample_bits``: DFQ's per-input precision, FracTrain Sec. 3.2).
+A layer may instead hold :class:`~qtrain.quant.scaled_gemm.ScaledOperands` (FP8, MX, NVFP4), whose GEMMs each
+quantize their own operands.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.nn import functional as F
 from qtrain.precision import Bits
 from qtrain.quant.autograd import QuantizedGEMM, QuantizedMatMul, quantize_grad, quantize_ste
 from qtrain.quant.quantizers import Quantizer
+from qtrain.quant.scaled_gemm import ScaledOperands, forward_weight, scaled_gemm, scaled_matmul
 
 
 class OperandQuantizers(nn.Module):
@@ -62,15 +65,19 @@ class _Quantized:
     share the weight, the GEMM and the quantization range, and each is rounded onto its own grid.
     """
 
-    quant: OperandQuantizers
+    quant: OperandQuantizers | ScaledOperands
     sample_bits: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def quantized_weight(self) -> torch.Tensor:
+        if isinstance(self.quant, ScaledOperands):
+            return forward_weight(self)
         q = self.quant.weight
         return q(self.weight) if q is not None else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.quant
+        if isinstance(q, ScaledOperands):  # every GEMM quantizes its own operands (scaled formats)
+            return scaled_gemm(self, x, q)
         act_bits, grad_bits = self.sample_bits if self.sample_bits is not None else (None, None)
         weight = quantize_ste(self.weight, q.weight) if q.weight is not None else self.weight
         if torch.is_grad_enabled() and (q.act is not None or q.grad_weight is not None or grad_bits is not None):
@@ -100,10 +107,12 @@ class MatMul(nn.Module):
 class QMatMul(MatMul):
     """:class:`MatMul` on quantized operands: ``quant.act`` quantizes ``a``, ``quant.weight`` quantizes ``b``."""
 
-    quant: OperandQuantizers
+    quant: OperandQuantizers | ScaledOperands
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         q = self.quant
+        if isinstance(q, ScaledOperands):
+            return scaled_matmul(a, b, q)
         if torch.is_grad_enabled():
             return QuantizedMatMul.apply(a, b, q)
         return (q.act(a) if q.act is not None else a) @ (q.weight(b) if q.weight is not None else b)
@@ -112,7 +121,7 @@ class QMatMul(MatMul):
 SWAPPED = {nn.Conv2d: QConv2d, nn.Linear: QLinear, MatMul: QMatMul}
 
 
-def _quantized_copy(layer: nn.Module, quant: OperandQuantizers) -> nn.Module:
+def _quantized_copy(layer: nn.Module, quant: OperandQuantizers | ScaledOperands) -> nn.Module:
     """The quantized class of ``layer``, sharing its parameters and buffers (no copy of the weights)."""
     cls = SWAPPED[type(layer)]
     new = cls.__new__(cls)
@@ -128,7 +137,7 @@ def set_sample_bits(layers: Sequence[nn.Module], bits: tuple[torch.Tensor, torch
         layer.sample_bits = bits
 
 
-QuantizersFor = Callable[[str, nn.Module], OperandQuantizers | None]
+QuantizersFor = Callable[[str, nn.Module], OperandQuantizers | ScaledOperands | None]
 
 
 def swap_layers(model: nn.Module, quantizers_for: QuantizersFor, matmuls: bool = False) -> list[str]:

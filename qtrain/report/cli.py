@@ -245,9 +245,9 @@ def report(argv: list[str] | None = None) -> str:
             text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
             _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))
     if args.plots:
-        from qtrain.report.plots import write_paper_plots, write_plots
+        from qtrain.report.plots import pareto_plot, write_paper_plots, write_plots
 
-        images = write_plots(runs, args.plots)
+        images = write_plots(runs, args.plots) + pareto_plot(table, args.plots)
         for name, parts, _ in exports:
             images += write_paper_plots(name, parts, args.plots)
         _write_html(args.plots / "report.html", sections, images)

@@ -30,7 +30,7 @@ from qtrain.report.runs import Run
 from qtrain.report.tables import run_frame, setting
 from qtrain.resources import conf_dir
 
-_PALETTE = colormaps["tab10"].colors
+_PALETTE = colormaps["tab10"].colors + colormaps["Dark2"].colors  # tab10's first, so older figures keep their colours
 OPERANDS = (("weight_bits", "weight"), ("act_bits", "activation"), ("grad_bits", "gradient"),
             ("grad_weight_bits", "weight-gradient"))
 
@@ -479,6 +479,51 @@ def write_paper_plots(name: str, parts: list[tuple[str, str, pd.DataFrame]], out
 PER_RUN: tuple[Callable[[Run, Path, list[Run]], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
 ACROSS_RUNS: tuple[Callable[[Group, Path], Path | None], ...] = (accuracy_cost_plot, average_bits_plot,
                                                                       turning_points_plot)
+
+
+def pareto_front(costs: list[float], scores: list[float]) -> list[int]:
+    """The indices of the points no other point beats on both cost (lower) and score (higher), by rising cost."""
+    order = sorted(range(len(costs)), key=lambda i: (costs[i], -scores[i]))
+    front, best = [], -math.inf
+    for i in order:
+        if scores[i] > best:
+            front.append(i)
+            best = scores[i]
+    return front
+
+
+def pareto_plot(table: pd.DataFrame, out: Path) -> list[Path]:
+    """Per model, data and scale of the runs table (:func:`qtrain.report.tables.summary_frame`): each configuration's
+    mean test accuracy (a language model's: perplexity) ± std over seeds against its cost in % of float32, the
+    Pareto frontier (no configuration both cheaper and better) drawn as a step line."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (model, data, scale), part in table.groupby(["model", "data", "scale"], sort=False):
+        language = part["test_ppl_mean"].notna().any()
+        metric, what = ("test_ppl", "test perplexity (lower is better)") if language else ("test_acc", "test accuracy (%)")
+        part = part[part[f"{metric}_mean"].notna() & part["percent_of_float32_mean"].notna()]
+        if len(part) < 2:
+            continue
+        costs, means = part["percent_of_float32_mean"].tolist(), part[f"{metric}_mean"].tolist()
+        front = pareto_front(costs, [-m if language else m for m in means])
+        fig = Figure(figsize=(7.5, 5.0), layout="constrained")
+        axes = fig.add_subplot()
+        for (_, row), cost, mean in zip(part.iterrows(), costs, means):
+            std = row[f"{metric}_std"]
+            axes.errorbar([cost], [mean], yerr=None if math.isnan(std) else [std], fmt="o", capsize=3,
+                          color=method_colour(row.method))
+            name = " ".join(p for p in (row.method, row.setting) if p)
+            axes.annotate(name, (cost, mean), textcoords="offset points", xytext=(4, 3), fontsize=6)
+        axes.step([costs[i] for i in front], [means[i] for i in front], where="post", color="black", linewidth=1,
+                  alpha=0.6, label="Pareto frontier")
+        axes.set(xscale="log", xlabel="training cost, % of float32's effective MACs", ylabel=what,
+                 **({"yscale": "log"} if language else {}))
+        axes.grid(alpha=0.3, which="both")
+        axes.legend(fontsize=8)
+        title = f"{model} on {data}" + ("" if scale == "paper" else f" at {scale} scale")
+        fig.suptitle(f"accuracy against cost: {title}\n(point: mean over seeds, bar: ± std)", fontsize=10)
+        written.append(_save(fig, out / f"pareto-{_slug(f'{model}-{data}-{scale}')}.png"))
+    return written
 
 
 def write_plots(runs: list[Run], out: Path) -> list[Path]:

@@ -1,0 +1,30 @@
+"""OCP Microscaling training (OCP MX v1.0; Rouhani et al. 2023, "Microscaling Data Formats for Deep Learning",
+Sec. 6) and NVFP4 training (NVIDIA 2025): every GEMM operand in blocks that share a scale (32 elements and an E8M0
+scale for MX, 16 and an E4M3 scale under a float32 one for NVFP4), blocked along each GEMM's own reduction
+dimension; an element format per operand; NVFP4's recipe (stochastic rounding of gradients, 16 x 16 weight
+blocks, a random Hadamard transform of the weight-gradient GEMM's inputs) as options.
+
+Defaults, their sources and every departure from the spec, the paper and the reference codes: docs/methods/mx.md.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from qtrain.methods.scaled import ScaledFormats
+from qtrain.quant.layers import MatMul
+from qtrain.quant.scaled_gemm import ScaledOperands
+from qtrain.quant.scaled_quantizers import BlockScaled
+
+
+class MX(ScaledFormats):
+    name = "mx"
+
+    def operands(self, layer: nn.Module) -> ScaledOperands:
+        cfg = self.cfg
+        if isinstance(layer, MatMul):  # the second operand is an activation, in the activations' format
+            weight = BlockScaled(cfg.act)
+        else:
+            weight = BlockScaled(cfg.weight, two_d=cfg.weight_blocks == "2d")
+        return ScaledOperands(weight, BlockScaled(cfg.act), BlockScaled(cfg.grad, rounding=cfg.grad_rounding),
+                              hadamard_wgrad=cfg.hadamard_wgrad)

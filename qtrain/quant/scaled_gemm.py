@@ -1,0 +1,170 @@
+"""The three training GEMMs of a layer on operands in scaled formats (FP8, OCP MX, NVFP4).
+
+Each GEMM quantizes its two operands along the dimension it reduces over, from their float32 values (the OCP
+MX training recipe: an operand used in two GEMMs is blocked separately for each, never re-quantized from its
+other blocking). For a Conv2d (x: N,C,H,W; w: O,C,kh,kw; G: N,O,H',W') the forward blocks x and w along C,
+the error GEMM (a transposed convolution) G along O (dim 1) and w along O (dim 0), the weight-gradient GEMM
+x and G along the batch (dim 0), as microsoft/microxcaling does: the reduction there runs over (n, h, w) and
+the batch is its only dimension that x and G index alike. A Linear (x: ..., K) blocks x and w along K, then
+G along O and w along O, then x and G flattened to rows along the rows. A :class:`MatMul` ``a @ b`` blocks a
+along its last and b along its second-to-last dimension, G and b along their last for ``G @ b^T``, a and G
+along their second-to-last for ``a^T @ G``. A per-tensor (FP8) quantizer is applied once per operand and
+step, its result used in both GEMMs. The gradient passes straight through every quantizer (saturating
+formats clamp nothing away). With ``hadamard_wgrad`` the weight-gradient GEMM's operands are rotated by the
+same random Hadamard transform along its reduction dimension before they are quantized (NVFP4's recipe):
+the product is unchanged in exact arithmetic, outliers are spread over their block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from qtrain.precision import Bits
+from qtrain.quant.autograd import conv_grads, linear_grads
+from qtrain.quant.microscaling import random_hadamard
+from qtrain.quant.scaled_quantizers import ScaledQuantizer
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """The dimension each GEMM reduces each operand over: forward (x, w), error (G, w), weight gradient (x, G)."""
+
+    forward: tuple[int, int]
+    error: tuple[int, int]
+    weight_grad: tuple[int, int]
+
+
+CONV = Reductions((1, 1), (1, 0), (0, 0))
+LINEAR = Reductions((-1, 1), (-1, 0), (0, 0))  # the weight gradient's operands as (rows, features)
+MATMUL = Reductions((-1, -2), (-1, -1), (-2, -2))
+
+
+class ScaledOperands(nn.Module):
+    """The scaled-format quantizers of one layer's operands (None: float32), and the weight-gradient rotation."""
+
+    def __init__(self, weight: ScaledQuantizer | None, act: ScaledQuantizer | None, grad: ScaledQuantizer | None,
+                 hadamard_wgrad: bool = False) -> None:
+        super().__init__()
+        self.weight, self.act, self.grad, self.hadamard_wgrad = weight, act, grad, hadamard_wgrad
+
+    def bits(self) -> Bits:
+        """Bits per operand as the cost meter charges them: element plus amortized scale bits (32: float32)."""
+        w, a, g = (q.bits if q is not None else 32 for q in (self.weight, self.act, self.grad))
+        return Bits(w, a, g, g)
+
+    def fmt(self) -> str:
+        """The operands' formats, each named once (weight, activation, gradient order)."""
+        names = [q.fmt if q is not None else "float32" for q in (self.weight, self.act, self.grad)]
+        return "/".join(dict.fromkeys(names))
+
+    def datapath(self) -> Bits:
+        """The widths the MAC units multiply (significands; 32 for float32): what the hardware models time."""
+        w, a, g = (q.datapath_bits() if q is not None else 32 for q in (self.weight, self.act, self.grad))
+        return Bits(w, a, g, g)
+
+
+def _quantize(q: ScaledQuantizer | None, x: torch.Tensor, dim: int) -> torch.Tensor:
+    return q(x, dim) if q is not None else x
+
+
+def _kept(q: ScaledQuantizer | None, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+    """What backward keeps of an operand: the float32 value where each GEMM blocks it anew, else its quantized value."""
+    return x if q is not None and q.per_gemm else xq
+
+
+def _again(q: ScaledQuantizer | None, kept: torch.Tensor, dim: int) -> torch.Tensor:
+    """The operand for another GEMM: re-blocked along ``dim`` where blocks are per GEMM, else as kept."""
+    return q(kept, dim) if q is not None and q.per_gemm else kept
+
+
+def _weight_grad_operands(q: ScaledOperands, x: torch.Tensor, g: torch.Tensor, g_err: torch.Tensor,
+                          dims: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activation and gradient of the weight-gradient GEMM, rotated (``hadamard_wgrad``) and quantized."""
+    if q.hadamard_wgrad:
+        x, g = random_hadamard(x, dims[0]), random_hadamard(g, dims[1])
+        return _quantize(q.act, x, dims[0]), _quantize(q.grad, g, dims[1])
+    grad = q.grad(g, dims[1]) if q.grad is not None and q.grad.per_gemm else g_err
+    return _again(q.act, x, dims[0]), grad
+
+
+class ScaledGEMM(torch.autograd.Function):
+    """A Conv2d or Linear whose three training GEMMs each quantize their operands (:class:`ScaledOperands`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any,
+                q: ScaledOperands) -> torch.Tensor:
+        dims = CONV if isinstance(layer, nn.Conv2d) else LINEAR
+        xq, wq = _quantize(q.act, x, dims.forward[0]), _quantize(q.weight, weight, dims.forward[1])
+        ctx.save_for_backward(_kept(q.act, x, xq), _kept(q.weight, weight, wq))
+        ctx.layer, ctx.q, ctx.dims, ctx.has_bias = layer, q, dims, bias is not None
+        return layer.gemm(xq, wq, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        layer, q, dims = ctx.layer, ctx.q, ctx.dims
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = ctx.has_bias and ctx.needs_input_grad[2]
+        grad = grad.contiguous()
+        g_err = _quantize(q.grad, grad, dims.error[0])
+        conv = isinstance(layer, nn.Conv2d)
+        grads_of = conv_grads if conv else linear_grads
+        gx = grads_of(layer, g_err, x, _again(q.weight, w, dims.error[1]), [True, False, False])[0] if need_x else None
+        gw = None
+        if need_w:
+            rows_x, rows_g = (x, grad) if conv else (x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1]))
+            rows_err = g_err if conv else g_err.reshape(-1, g_err.shape[-1])
+            xw, gwq = _weight_grad_operands(q, rows_x, rows_g, rows_err, dims.weight_grad)
+            gw = grads_of(layer, gwq, xw, w, [False, True, False])[1]
+        gb = grads_of(layer, grad, x, w, [False, False, True])[2] if need_b else None  # from the float32 gradient
+        return gx, gw, gb, None, None
+
+
+class ScaledMatMul(torch.autograd.Function):
+    """``a @ b`` with ``q.act`` quantizing ``a`` and ``q.weight`` ``b`` in each of the three GEMMs."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, q: ScaledOperands) -> torch.Tensor:
+        aq, bq = _quantize(q.act, a, MATMUL.forward[0]), _quantize(q.weight, b, MATMUL.forward[1])
+        ctx.save_for_backward(_kept(q.act, a, aq), _kept(q.weight, b, bq))
+        ctx.q = q
+        return aq @ bq
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        a, b = ctx.saved_tensors
+        q = ctx.q
+        grad = grad.contiguous()
+        g_err = _quantize(q.grad, grad, MATMUL.error[0])
+        grad_a = g_err @ _again(q.weight, b, MATMUL.error[1]).transpose(-2, -1) if ctx.needs_input_grad[0] else None
+        grad_b = None
+        if ctx.needs_input_grad[1]:
+            aw, gw = _weight_grad_operands(q, a, grad, g_err, MATMUL.weight_grad)
+            grad_b = aw.transpose(-2, -1) @ gw
+        return grad_a, grad_b, None
+
+
+def forward_weight(layer: Any) -> torch.Tensor:
+    """The weight as a quantized Conv2d's or Linear's forward GEMM sees it, changing no quantizer state."""
+    q = layer.quant.weight
+    return q.quantize(layer.weight, (CONV if isinstance(layer, nn.Conv2d) else LINEAR).forward[1]) if q is not None \
+        else layer.weight
+
+
+def scaled_gemm(layer: Any, x: torch.Tensor, q: ScaledOperands) -> torch.Tensor:
+    """A quantized Conv2d or Linear's forward on scaled formats (only the forward GEMM where no gradient is taken)."""
+    if torch.is_grad_enabled():
+        return ScaledGEMM.apply(x, layer.weight, layer.bias, layer, q)
+    dims = CONV if isinstance(layer, nn.Conv2d) else LINEAR
+    return layer.gemm(_quantize(q.act, x, dims.forward[0]), _quantize(q.weight, layer.weight, dims.forward[1]), layer.bias)
+
+
+def scaled_matmul(a: torch.Tensor, b: torch.Tensor, q: ScaledOperands) -> torch.Tensor:
+    """A quantized :class:`MatMul`'s forward on scaled formats."""
+    if torch.is_grad_enabled():
+        return ScaledMatMul.apply(a, b, q)
+    return _quantize(q.act, a, MATMUL.forward[0]) @ _quantize(q.weight, b, MATMUL.forward[1])

@@ -1,0 +1,122 @@
+"""Quantizers of the scaled formats: FP8 with a per-tensor scale, OCP MX and NVFP4 with per-block scales.
+
+Each is called with the operand and the dimension the GEMM reduces it over (:mod:`qtrain.quant.scaled_gemm`):
+a block-scaled quantizer (``per_gemm``) forms its blocks along that dimension, so an operand that enters two
+GEMMs is quantized for each along its own reduction dimension; a per-tensor one ignores it and is applied once
+per step. ``bits`` is what the cost meter charges per element: the element's bits plus the scale's bits
+amortized over the elements that share it (8 per 32 for MX, 8 per 16 plus 32 per tensor for NVFP4, 32 per
+tensor for FP8), read from the last tensor quantized. The formats themselves: docs/formats.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qtrain.quant import fp8_scaling, microscaling
+from qtrain.quant.elements import ELEMENTS, ElementFormat
+
+TENSOR_SCALE_BITS = 32  # a float32 per-tensor scale (FP8, NVFP4's second level)
+MX_FORMATS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2", "mxfp6_e3m2": "e3m2", "mxfp6_e2m3": "e2m3",
+              "mxfp4_e2m1": "e2m1", "mxint8": "int8"}
+BLOCK_FORMATS = (*MX_FORMATS, "nvfp4")
+
+
+def datapath_bits(element: ElementFormat) -> int:
+    """The operand width a MAC unit multiplies: a float element's significand with its sign (``man + 2``: the
+    implicit one, the stored mantissa, the sign), an integer element's own bits."""
+    return element.bits if element.name == "int8" else element.man + 2
+
+
+class ScaledQuantizer(nn.Module):
+    """Base: ``forward(x, dim)`` gives ``x`` on the format's grid, dequantized to float32."""
+
+    per_gemm = False
+    fmt = "scaled"
+    element: ElementFormat
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0  # of the last tensor quantized: what a per-tensor scale is amortized over
+
+    def scale_bits_per_element(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def bits(self) -> float:
+        return self.element.bits + self.scale_bits_per_element()
+
+    def datapath_bits(self) -> int:
+        return datapath_bits(self.element)
+
+    def forward(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """``x`` quantized for a GEMM, as training counts it (the tensor's size, a delayed scale's amax)."""
+        self.elements = x.numel()
+        return self.quantize(x, dim)
+
+    def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """``x`` on the format's grid, changing no state (what a report may look at)."""
+        raise NotImplementedError
+
+
+class TensorScaledFP8(ScaledQuantizer):
+    """FP8 (E4M3 or E5M2) with one float32 scale per tensor, saturating (Transformer Engine's recipes).
+
+    ``scaling="current"`` scales by this tensor's own amax; ``"delayed"`` by the amax history of the previous
+    steps (``history`` steps, reduced by ``reduction``: "max" or "most_recent"), recording this tensor's amax
+    while training. The history is a submodule's buffer, so it lands in the model's state_dict and a resumed run
+    goes on with the same scales.
+    """
+
+    def __init__(self, element: str, scaling: str, margin: int = 0, history: int = 1, reduction: str = "max",
+                 rounding: str = "nearest") -> None:
+        super().__init__()
+        self.element, self.scaling, self.margin, self.rounding = ELEMENTS[element], scaling, margin, rounding
+        self.fmt = f"fp8_{element}"
+        self.history = fp8_scaling.AmaxHistory(history, reduction) if scaling == "delayed" else None
+
+    def scale_bits_per_element(self) -> float:
+        return TENSOR_SCALE_BITS / self.elements if self.elements else 0.0
+
+    def forward(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        out = super().forward(x, dim)
+        if self.history is not None and self.training:
+            self.history.record(x.detach().abs().amax())
+        return out
+
+    def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.history is None:
+            return fp8_scaling.current_scaled_fp8(x, self.element, self.margin, self.rounding)
+        scale = self.history.scale(self.element, self.margin)
+        return fp8_scaling.scaled_fp8(x, self.element, scale, self.rounding)
+
+
+class BlockScaled(ScaledQuantizer):
+    """An OCP MX format (blocks of 32, E8M0 scales) or NVFP4 (blocks of 16, E4M3 scales and a float32 one per
+    tensor), blocked along the GEMM's reduction dimension; NVFP4 weights may use 16 x 16 blocks (``two_d``)."""
+
+    per_gemm = True
+
+    def __init__(self, fmt: str, rounding: str = "nearest", two_d: bool = False) -> None:
+        super().__init__()
+        if fmt not in BLOCK_FORMATS:
+            raise ValueError(f"block format {fmt!r} is not one of {BLOCK_FORMATS}")
+        if two_d and fmt != "nvfp4":
+            raise ValueError(f"2-D blocks are NVFP4's weight recipe, not {fmt}'s")
+        self.fmt, self.rounding, self.two_d = fmt, rounding, two_d
+        self.per_gemm = not two_d  # a 16 x 16 block is the same block in the weight and its transpose: quantized once
+        self.element = ELEMENTS["e2m1" if fmt == "nvfp4" else MX_FORMATS[fmt]]
+
+    def scale_bits_per_element(self) -> float:
+        if self.fmt != "nvfp4":
+            return microscaling.SCALE_BITS / microscaling.MX_BLOCK
+        block = microscaling.NVFP4_BLOCK ** (2 if self.two_d else 1)
+        return microscaling.SCALE_BITS / block + (TENSOR_SCALE_BITS / self.elements if self.elements else 0.0)
+
+    def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.two_d:  # tiles over the output and input channels (dims 0 and 1), for a convolution's kernel too
+            moved = x.movedim((0, 1), (-2, -1))
+            return microscaling.nvfp4_quantize(moved, -1, rounding=self.rounding, two_d=True).movedim((-2, -1), (0, 1))
+        if self.fmt == "nvfp4":
+            return microscaling.nvfp4_quantize(x, dim, rounding=self.rounding)
+        return microscaling.mx_quantize(x, MX_FORMATS[self.fmt], dim, rounding=self.rounding)
