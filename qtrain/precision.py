@@ -54,7 +54,7 @@ class LayerPrecision:
     """The precision options in use by one layer, each with the share of the work it does.
 
     ``datapath``, where set, is what the MAC units multiply when that differs from the bits charged per element:
-    a scaled format's significand widths, without the amortized scale bits (a layer of one option).
+    a scaled format's significand widths, without the amortized scale bits (the same for every option).
     """
 
     options: tuple[tuple[float, Bits], ...]
@@ -87,11 +87,12 @@ class EpochPrecision:
         self.samples = 0
         self.weights: dict[str, dict[Bits, float]] = {}
         self.formats: dict[str, str] = {}
+        self.datapaths: dict[str, Bits | None] = {}
 
     def add(self, record: PrecisionRecord, samples: int) -> None:
         self.samples += samples
         for name, layer in record.items():
-            self.formats[name] = layer.fmt
+            self.formats[name], self.datapaths[name] = layer.fmt, layer.datapath
             acc = self.weights.setdefault(name, {})
             for share, bits in layer.options:
                 acc[bits] = acc.get(bits, 0.0) + share * samples
@@ -105,6 +106,7 @@ class EpochPrecision:
         for part in parts:
             out.samples += part.samples
             out.formats.update(part.formats)
+            out.datapaths.update(part.datapaths)
             for name, acc in part.weights.items():
                 into = out.weights.setdefault(name, {})
                 for bits, weight in acc.items():
@@ -112,8 +114,8 @@ class EpochPrecision:
         return out
 
     def record(self) -> PrecisionRecord:
-        return {name: LayerPrecision(tuple((w / self.samples, bits) for bits, w in acc.items()), self.formats[name])
-                for name, acc in self.weights.items()}
+        return {name: LayerPrecision(tuple((w / self.samples, bits) for bits, w in acc.items()), self.formats[name],
+                                     self.datapaths[name]) for name, acc in self.weights.items()}
 
 
 @torch.no_grad()
@@ -135,11 +137,18 @@ def weight_density(layer: nn.Module) -> float:
     return sum(w.count_nonzero().item() for w in weights) / sum(w.numel() for w in weights)
 
 
+def _mac_bits(datapath: Bits | None) -> dict[str, float]:
+    if datapath is None:
+        return {}
+    return {f"{operand}_mac_bits": getattr(datapath, operand) for operand in ("weight", "act", "grad", "grad_weight")}
+
+
 def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[str, nn.Module],
                    extra: dict[str, dict] | None = None) -> list[dict]:
     """precision.csv epoch rows: one per layer and precision option, with its share and the weight density.
 
-    ``extra`` adds a method's columns to each layer's rows (AdaPT's format, lookback and resolution).
+    ``extra`` adds a method's columns to each layer's rows (AdaPT's format, lookback and resolution); a layer
+    whose record has a ``datapath`` (scaled formats) adds the widths the MAC units multiply (``*_mac_bits``).
     """
     rows = []
     for name, layer in layers.items():
@@ -149,5 +158,5 @@ def precision_rows(epoch: int, step: int, record: PrecisionRecord, layers: dict[
             rows.append({"epoch": epoch, "step": step, "layer": name, "event": "epoch", "format": entry.fmt,
                          "share": share, "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
                          "grad_weight_bits": bits.grad_weight, "act_weight_bits": bits.act_weight, "density": density,
-                         **(extra or {}).get(name, {})})
+                         **_mac_bits(entry.datapath), **(extra or {}).get(name, {})})
     return rows

@@ -49,7 +49,7 @@ VARIANTS = {
     "sbm_bw16_both_paths": ["experiment=sbm_bw16_both_paths"],
     "dfq_mix_all": ["method=dfq", "method.execution=mix_all"],
     # the league's block-scaled recipes (conf/experiment/league.yaml)
-    "mxfp8": ["method=mx", "method.weight=mxfp8_e4m3", "method.act=mxfp8_e4m3", "method.grad=mxfp8_e5m2"],
+    "mxfp8": ["method=mx", "method.weight=mxfp8_e4m3", "method.act=mxfp8_e4m3", "method.grad=mxfp8_e4m3"],
     "mxfp6": ["method=mx"],
     "mxfp4": ["method=mx", "method.weight=mxfp4_e2m1"],
     "nvfp4": ["method=mx", "method.weight=nvfp4", "method.act=nvfp4", "method.grad=nvfp4", "method.grad_rounding=stochastic",

@@ -145,7 +145,7 @@ def test_nvfp4_and_fp8_amortize_their_tensor_scale_over_the_tensor():
     assert fp8.bits == 8 + 32 / 256
     tiles = BlockScaled("nvfp4", two_d=True)
     tiles(x, -1)
-    assert tiles.bits == 4 + 8 / 256 + 32 / 256
+    assert tiles.bits == nvfp4.bits  # a 16 x 16 tile stores its scale once per 16 elements all the same
 
 
 def test_bitfusion_multiplies_significands_and_moves_stored_bits():
@@ -164,12 +164,16 @@ def test_an_mx_run_record_charges_every_gemm_at_its_bits():
     assert {layer.datapath for layer in record.values()} == {Bits(5, 5, 4, 4)}  # E4M3 5-bit, E5M2 4-bit significands
 
 
-def test_fp8_keeps_its_first_and_last_layers_in_float32_by_default():
-    method, model = prepared("fp8")
-    quantized = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))
-                 and isinstance(getattr(m, "quant", None), ScaledOperands)]
-    all_layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    assert quantized == all_layers[1:-1]
+def test_fp8_quantizes_every_layer_unless_told_to_keep_the_ends_in_float32():
+    def quantized(*overrides: str) -> tuple[list[str], list[str]]:
+        _, model = prepared("fp8", *overrides)
+        layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        return [n for n in layers if isinstance(getattr(model.get_submodule(n), "quant", None), ScaledOperands)], layers
+
+    every, layers = quantized()
+    assert every == layers
+    ends, layers = quantized("method.first_layer=float32", "method.last_layer=float32")
+    assert ends == layers[1:-1]
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -72,7 +72,7 @@ def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rou
 
     Per block (spec section 6.3): shared scale ``X = 2^(floor(log2 amax) - emax_elem)``, amax the block's
     largest magnitude and emax_elem the element format's largest normal exponent, the exponent clamped to
-    E8M0's -127..127 (a block below 2^(emax_elem - 127) keeps scale 2^-127; the top clamp is never reached
+    E8M0's -127..127 (a block below 2^(emax_elem - 126) gets scale 2^-127; the top clamp is never reached
     by a finite amax); elements ``round_to_element(x / X)``, saturating at ±max normal (half to even, or
     stochastic with ``key``); returned as ``element * X``. An all-zero block stays zero; a block holding NaN
     or ±inf comes back all NaN (its amax has no E8M0 scale: the spec's NaN scale).

@@ -1,18 +1,13 @@
 """The three training GEMMs of a layer on operands in scaled formats (FP8, OCP MX, NVFP4).
 
-Each GEMM quantizes its two operands along the dimension it reduces over, from their float32 values (the OCP
-MX training recipe: an operand used in two GEMMs is blocked separately for each, never re-quantized from its
-other blocking). For a Conv2d (x: N,C,H,W; w: O,C,kh,kw; G: N,O,H',W') the forward blocks x and w along C,
-the error GEMM (a transposed convolution) G along O (dim 1) and w along O (dim 0), the weight-gradient GEMM
-x and G along the batch (dim 0), as microsoft/microxcaling does: the reduction there runs over (n, h, w) and
-the batch is its only dimension that x and G index alike. A Linear (x: ..., K) blocks x and w along K, then
-G along O and w along O, then x and G flattened to rows along the rows. A :class:`MatMul` ``a @ b`` blocks a
-along its last and b along its second-to-last dimension, G and b along their last for ``G @ b^T``, a and G
-along their second-to-last for ``a^T @ G``. A per-tensor (FP8) quantizer is applied once per operand and
-step, its result used in both GEMMs. The gradient passes straight through every quantizer (saturating
-formats clamp nothing away). With ``hadamard_wgrad`` the weight-gradient GEMM's operands are rotated by the
-same random Hadamard transform along its reduction dimension before they are quantized (NVFP4's recipe):
-the product is unchanged in exact arithmetic, outliers are spread over their block.
+Each GEMM quantizes its two operands along the dimension it reduces over, from their float32 values (as
+microsoft/microxcaling, torchao's MX training and Transformer Engine's MXFP8 recipe do: an operand used in two
+GEMMs is blocked separately for each, never re-quantized from its other blocking). The dimensions of each GEMM,
+for a Conv2d, a Linear and a MatMul, and why: docs/methods/mx.md. A per-tensor (FP8) quantizer is applied once
+per operand and step, its result used in both GEMMs. The gradient passes straight through every quantizer
+(saturating formats clamp nothing away). With ``hadamard_wgrad`` the weight-gradient GEMM's operands are
+rotated by one random Hadamard transform along its reduction dimension before they are quantized (NVFP4's
+recipe; a MatMul's ``a^T @ G``, an activation's gradient, is not rotated).
 """
 
 from __future__ import annotations
@@ -82,9 +77,10 @@ def _again(q: ScaledQuantizer | None, kept: torch.Tensor, dim: int) -> torch.Ten
 
 
 def _weight_grad_operands(q: ScaledOperands, x: torch.Tensor, g: torch.Tensor, g_err: torch.Tensor,
-                          dims: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The activation and gradient of the weight-gradient GEMM, rotated (``hadamard_wgrad``) and quantized."""
-    if q.hadamard_wgrad:
+                          dims: tuple[int, int], rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activation and gradient of the weight-gradient GEMM, rotated (``hadamard_wgrad``, where ``rotate``) and
+    quantized."""
+    if q.hadamard_wgrad and rotate:
         x, g = random_hadamard(x, dims[0]), random_hadamard(g, dims[1])
         return _quantize(q.act, x, dims[0]), _quantize(q.grad, g, dims[1])
     grad = q.grad(g, dims[1]) if q.grad is not None and q.grad.per_gemm else g_err
@@ -143,7 +139,8 @@ class ScaledMatMul(torch.autograd.Function):
         grad_a = g_err @ _again(q.weight, b, MATMUL.error[1]).transpose(-2, -1) if ctx.needs_input_grad[0] else None
         grad_b = None
         if ctx.needs_input_grad[1]:
-            aw, gw = _weight_grad_operands(q, a, grad, g_err, MATMUL.weight_grad)
+            # a MatMul's second operand is an activation: NVFP4's rotation is the weight gradients' alone
+            aw, gw = _weight_grad_operands(q, a, grad, g_err, MATMUL.weight_grad, rotate=False)
             grad_b = aw.transpose(-2, -1) @ gw
         return grad_a, grad_b, None
 

@@ -110,8 +110,9 @@ class BlockScaled(ScaledQuantizer):
     def scale_bits_per_element(self) -> float:
         if self.fmt != "nvfp4":
             return microscaling.SCALE_BITS / microscaling.MX_BLOCK
-        block = microscaling.NVFP4_BLOCK ** (2 if self.two_d else 1)
-        return microscaling.SCALE_BITS / block + (TENSOR_SCALE_BITS / self.elements if self.elements else 0.0)
+        # 16 x 16 weight tiles share a scale, yet the format stores one per 16 elements (Transformer Engine's layout,
+        # what an NVFP4 GEMM reads): a tile's 16 scales are equal, not fewer
+        return microscaling.SCALE_BITS / microscaling.NVFP4_BLOCK + (TENSOR_SCALE_BITS / self.elements if self.elements else 0.0)
 
     def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         if self.two_d:  # tiles over the output and input channels (dims 0 and 1), for a convolution's kernel too
