@@ -196,3 +196,18 @@ def test_with_the_classifier_in_float32_the_cost_adds_its_float32_macs_to_the_re
     assert summary["cost"]["effective_macs"] == pytest.approx(expected, rel=1e-12)
     assert summary["cost"]["percent_of_float32"] == pytest.approx(
         100 * (quantized * reference_flops_ratio(bits, 8) + float32) / (quantized + float32), rel=1e-12)
+
+
+def test_the_cifar_experiment_is_the_reference_command_in_its_iterations():
+    cfg = make_config("experiment=cpt_cifar")
+    method = cfg.method
+    assert (method.name, method.bits_min, method.bits_max, method.grad_bits, method.cycles) == ("cpt", 3, 8, 8, 32)
+    assert (method.act_range, method.first_layer, method.last_layer) == ("tensor", "quantized", "float32")
+    # --iters 64000 of --batch_size 128, the piecewise lr /10 at 32,000 and 48,000, no warm-up
+    batches = cfg.train.batches_per_epoch
+    assert (cfg.train.epochs * batches, cfg.train.batch_size, cfg.train.accum_steps) == (64000, 128, 1)
+    assert [m * batches for m in cfg.sched.milestones] == [32000, 48000] and cfg.sched.warmup_epochs == 0
+    assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay, cfg.sched.gamma) == (0.1, 0.9, 1e-4, 0.1)
+    # CIFAR's 50,000 images in epochs of 400 batches (qtrain.data.base.Periods' samples per epoch): cycles of 2,000
+    method, _ = _attached("method.epochs=160", samples=round(batches * 50000 / 391), batch=128)
+    assert (method.total_steps, method.period) == (64000, 2000)

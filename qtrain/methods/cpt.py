@@ -1,4 +1,4 @@
-"""CPT: cyclic precision training (Fu et al., ICLR 2021, Sec. 3).
+"""CPT: cyclic precision training (Fu et al., ICLR 2021).
 
 SBM's range-linear quantizers (as in FracTrain's reference code, which CPT's shares) whose forward bits, weights
 and activations, follow the reference code's cosine cycle per optimizer step between ``bits_min`` and ``bits_max``,
