@@ -126,6 +126,9 @@ def test_a_resumed_method_continues_the_cycle_where_it_stopped():
     x = torch.randn(2, 3, 8, 8)
     for _ in range(4):
         _train_step(method, model, x)
+    evaluated, _ = prepared("cpt", "method.epochs=3", "method.cycles=2")  # scripts/eval_checkpoint.py: no attach
+    evaluated.load_state_dict(method.state_dict())
+    assert evaluated.precision() == method.precision()
     resumed, again = _attached("method.epochs=3", "method.cycles=2")
     resumed.load_state_dict(method.state_dict())
     assert resumed.steps_taken == 4

@@ -103,9 +103,10 @@ class CPT(SBM):
                 "training_flops_ratio": self.training_flops_ratio()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_taken": self.steps_taken}
+        return {"steps_taken": self.steps_taken, "total_steps": self.total_steps, "period": self.period}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the step it reached, the quantizers at the bits of the last step trained (as an unbroken run's)."""
-        self.steps_taken = state["steps_taken"]
+        """Resume at the step it reached, the quantizers at the bits of the last step trained (as an unbroken run's;
+        the schedule comes with the state, so a checkpoint evaluates at its bits without the run's facts)."""
+        self.steps_taken, self.total_steps, self.period = state["steps_taken"], state["total_steps"], state["period"]
         self._set_forward_bits(self.bits_at(max(self.steps_taken - 1, 0)))
