@@ -92,6 +92,8 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
      "method.weight_blocks=2d", "method.hadamard_wgrad=true"],
     # a language model: token batches, quantized attention, perplexity, a stage switch after epoch 1
     [*TINY_TEXT, "method=pfq", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
+    # CPT's cycles of 6 of the 12 steps: the kill falls two thirds into the first cycle
+    ["method=cpt", "method.cycles=2"],
 ])
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, method, device):

@@ -450,6 +450,22 @@ class Dynasty(FloatEnds):
                               f"({', '.join(map(str, levels))})")
 
 
+@dataclass(frozen=True)
+class CPT(RangeLinear, FloatEnds):
+    """CPT's cyclic forward precision between two bounds, its gradients at one precision."""
+
+    bits_min: Bits
+    bits_max: Bits
+    grad_bits: Bits
+    cycles: int = bounded(1)
+    epochs: int = bounded(1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bits_min > self.bits_max:
+            raise not_allowed("method.bits_min", self.bits_min, f"it must be at most method.bits_max ({self.bits_max})")
+
+
 # ---- scaled formats: FP8, OCP MX, NVFP4 ----
 class Fp8Element(Enum):
     E4M3 = "e4m3"  # max 448, no infinities
@@ -514,7 +530,7 @@ class MX(FloatEnds):
 # Every method by name, in the order the report lists them (qtrain.methods.METHODS holds their classes in it).
 METHODS: dict[str, type[MethodConfig]] = {"float32": Float32, "sbm": SBM, "muppet": MuPPET, "adapt": AdaPT,
                                           "dynasty": Dynasty, "pfq": PFQ, "dfq": DFQ, "fractrain": FracTrain,
-                                          "fp8": FP8, "mx": MX}
+                                          "cpt": CPT, "fp8": FP8, "mx": MX}
 
 
 def check_method(method: DictConfig) -> MethodConfig:

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 from qtrain.config.methods import check_method
 from qtrain.methods.adapt import AdaPT
 from qtrain.methods.base import Method, RunFacts, StepInfo
+from qtrain.methods.cpt import CPT
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.dynasty import Dynasty
 from qtrain.methods.float32 import Float32
@@ -18,7 +19,7 @@ from qtrain.methods.mx import MX
 from qtrain.methods.pfq import PFQ
 from qtrain.methods.sbm import SBM
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, Dynasty, PFQ, DFQ, FracTrain, FP8, MX)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, Dynasty, PFQ, DFQ, FracTrain, CPT, FP8, MX)}
 
 
 def build_method(cfg: DictConfig) -> Method:
