@@ -12,7 +12,7 @@ from .test_data import _write_mnist
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    groups = ("method: adapt, cpt, dfq, dynasty, float32, fractrain, muppet, pfq, sbm",
+    groups = ("method: adapt, cpt, dfq, dynasty, float32, fp8, fractrain, muppet, mx, pfq, sbm",
               "model: alexnet, mobilenetv2, resnet110, resnet164, resnet18, resnet20, resnet34",
               "data: cifar10", "experiment: adapt_alexnet_cifar10, adapt_alexnet_cifar100, adapt_cifar")
     for group in groups:
@@ -25,7 +25,7 @@ def test_unknown_choice_is_one_line_and_nonzero(tmp_path):
     result = run_cli("method=nope", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == ("qtrain: error: unknown method 'nope' "
-                                     "(choose from: adapt, cpt, dfq, dynasty, float32, fractrain, muppet, pfq, sbm)")
+                                     "(choose from: adapt, cpt, dfq, dynasty, float32, fp8, fractrain, muppet, mx, pfq, sbm)")
     assert not (tmp_path / "outputs").exists()
 
 
