@@ -32,15 +32,18 @@ MX_ELEMENTS = tuple(ELEMENTS)
 
 
 def _block_view(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-    """``x`` as ``(rows, blocks, block)``: runs of ``block`` consecutive elements along ``dim``, the last one
-    zero-padded; and the function that takes a tensor of that shape back to ``x``'s layout."""
-    moved = x.movedim(dim, -1)
-    n = moved.shape[-1]
-    rows = moved.reshape(-1, n)
+    """``x`` as ``(outer, blocks, block, inner)``: runs of ``block`` consecutive elements along ``dim`` (dimension 2
+    of the view), the last one zero-padded; and the function that takes a tensor of that shape back to ``x``'s
+    layout. Nothing moves: without padding the view shares ``x``'s memory and the result is contiguous. A dimension
+    shorter than a block is one block as it is (zero padding changes no block's amax, and copying is slow)."""
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    block = min(block, n)
+    rows = x.reshape(math.prod(x.shape[:dim]), n, math.prod(x.shape[dim + 1:]))
     if n % block:
-        rows = torch.nn.functional.pad(rows, (0, -n % block))
-    view = rows.reshape(rows.shape[0], -1, block)
-    return view, lambda y: y.reshape(rows.shape)[:, :n].reshape(moved.shape).movedim(-1, dim)
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, -n % block))
+    view = rows.reshape(rows.shape[0], -1, block, rows.shape[2])
+    return view, lambda y: y.reshape(rows.shape)[:, :n].reshape(x.shape)
 
 
 def _tile_view(x: torch.Tensor, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
@@ -55,15 +58,23 @@ def _tile_view(x: torch.Tensor, block: int) -> tuple[torch.Tensor, Callable[[tor
     return view, lambda y: y.reshape(padded)[:, :r, :c].reshape(x.shape)
 
 
-@fused
-def _mx(blocks: torch.Tensor, key: torch.Tensor, *, elem: str, stochastic: bool) -> torch.Tensor:
-    """MX on ``(rows, blocks, block)``: shared exponent ``floor(log2 amax) - emax_elem`` clamped to E8M0's range;
-    elements on the element grid at that scale; a block with NaN or inf (no E8M0 scale) all NaN."""
-    amax = blocks.abs().amax(-1, keepdim=True)  # NaN propagates
+def _mx_math(blocks: torch.Tensor, amax: torch.Tensor, key: torch.Tensor, *, elem: str, stochastic: bool) -> torch.Tensor:
+    """MX on ``(outer, blocks, block, inner)`` with each block's ``amax``: shared exponent ``floor(log2 amax) -
+    emax_elem`` clamped to E8M0's range; elements on the element grid at that scale; a block with NaN or inf (no
+    E8M0 scale) all NaN."""
     # floor(log2 amax) from the exponent bits: a float32 subnormal or zero amax reads -127, below every clamp
     k = (((amax.view(torch.int32) >> 23) & 0xFF) - 127 - ELEMENTS[elem].emax).clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
     elements = element_math(scale_pow2(blocks, -k), key, elem=elem, stochastic=stochastic)
     return torch.where(amax < math.inf, scale_pow2(elements, k), math.nan)
+
+
+_mx_with_amax = fused(_mx_math)
+
+
+@fused
+def _mx(blocks: torch.Tensor, key: torch.Tensor, *, elem: str, stochastic: bool) -> torch.Tensor:
+    """:func:`_mx_math` with the blocks' amax found in the same kernel (NaN propagates)."""
+    return _mx_math(blocks, blocks.abs().amax(2, keepdim=True), key, elem=elem, stochastic=stochastic)
 
 
 def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rounding: Rounding = "nearest",
@@ -85,12 +96,16 @@ def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rou
     stochastic = _stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
     view, back = _block_view(x, dim, block)
-    return back(_mx(view, key, elem=elem, stochastic=stochastic))
+    if view.shape[3] > 1:
+        return back(_mx(view, key, elem=elem, stochastic=stochastic))
+    # blocks along the last dimension: torch's own reduction finds their amax (NaN propagates), a compiled one over
+    # short contiguous runs being several times slower on the CPU; max is exact, so both give the same bits
+    return back(_mx_with_amax(view, view.abs().amax(2, keepdim=True), key, elem=elem, stochastic=stochastic))
 
 
 @fused
 def _nvfp4(view: torch.Tensor, consts: torch.Tensor, key: torch.Tensor, *, two_d: bool, stochastic: bool) -> torch.Tensor:
-    """NVFP4 on a block view (:func:`_block_view`, 3-D) or tile view (:func:`_tile_view`, 5-D), in torchao's order of
+    """NVFP4 on a block view (:func:`_block_view`, 4-D) or tile view (:func:`_tile_view`, 5-D), in torchao's order of
     operations; ``consts`` holds 6 (E2M1's max), 448 * 6 and the per-tensor scale's floor, as tensors (a
     compiled division by a literal becomes a multiplication by its rounded reciprocal)."""
     fp4_max, scale_max, floor = consts[0], consts[1], consts[2]
