@@ -19,7 +19,8 @@ from qtrain.methods.mx import MX
 from qtrain.methods.pfq import PFQ
 from qtrain.methods.sbm import SBM
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, Dynasty, PFQ, DFQ, FracTrain, CPT, FP8, MX)}
+METHODS: dict[str, type[Method]] = {
+    cls.name: cls for cls in (Float32, SBM, MuPPET, AdaPT, Dynasty, PFQ, DFQ, FracTrain, CPT, FP8, MX)}
 
 
 def build_method(cfg: DictConfig) -> Method:

@@ -66,25 +66,28 @@ def _quantize(q: ScaledQuantizer | None, x: torch.Tensor, dim: int) -> torch.Ten
     return q(x, dim) if q is not None else x
 
 
-def _kept(q: ScaledQuantizer | None, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
-    """What backward keeps of an operand: the float32 value where each GEMM blocks it anew, else its quantized value."""
-    return x if q is not None and q.per_gemm else xq
+def _scale(q: ScaledQuantizer | None) -> torch.Tensor | None:
+    """The per-tensor scale ``q`` used in its last call (None: blocks carry their own, or float32)."""
+    return q.used_scale if q is not None else None
 
 
-def _again(q: ScaledQuantizer | None, kept: torch.Tensor, dim: int) -> torch.Tensor:
-    """The operand for another GEMM: re-blocked along ``dim`` where blocks are per GEMM, else as kept."""
-    return q(kept, dim) if q is not None and q.per_gemm else kept
+def _again(q: ScaledQuantizer | None, x: torch.Tensor, dim: int, scale: torch.Tensor | None) -> torch.Tensor:
+    """The float32 operand ``x`` for another GEMM: re-blocked along ``dim``, or at the per-tensor ``scale`` its first
+    GEMM used (the same values again: backward keeps the float32 operand, which the layer before holds anyway,
+    not a quantized copy)."""
+    return q.requantize(x, dim, scale) if q is not None else x
 
 
 def _weight_grad_operands(q: ScaledOperands, x: torch.Tensor, g: torch.Tensor, g_err: torch.Tensor,
-                          dims: tuple[int, int], rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                          dims: tuple[int, int], act_scale: torch.Tensor | None,
+                          rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The activation and gradient of the weight-gradient GEMM, rotated (``hadamard_wgrad``, where ``rotate``) and
-    quantized."""
+    quantized (the activation at ``act_scale`` where its quantizer scales per tensor)."""
     if q.hadamard_wgrad and rotate:
         x, g = random_hadamard(x, dims[0]), random_hadamard(g, dims[1])
         return _quantize(q.act, x, dims[0]), _quantize(q.grad, g, dims[1])
     grad = q.grad(g, dims[1]) if q.grad is not None and q.grad.per_gemm else g_err
-    return _again(q.act, x, dims[0]), grad
+    return _again(q.act, x, dims[0], act_scale), grad
 
 
 class ScaledGEMM(torch.autograd.Function):
@@ -95,8 +98,9 @@ class ScaledGEMM(torch.autograd.Function):
                 q: ScaledOperands) -> torch.Tensor:
         dims = CONV if isinstance(layer, nn.Conv2d) else LINEAR
         xq, wq = _quantize(q.act, x, dims.forward[0]), _quantize(q.weight, weight, dims.forward[1])
-        ctx.save_for_backward(_kept(q.act, x, xq), _kept(q.weight, weight, wq))
+        ctx.save_for_backward(x, weight)
         ctx.layer, ctx.q, ctx.dims, ctx.has_bias = layer, q, dims, bias is not None
+        ctx.scales = _scale(q.act), _scale(q.weight)
         return layer.gemm(xq, wq, bias)
 
     @staticmethod
@@ -109,12 +113,14 @@ class ScaledGEMM(torch.autograd.Function):
         g_err = _quantize(q.grad, grad, dims.error[0])
         conv = isinstance(layer, nn.Conv2d)
         grads_of = conv_grads if conv else linear_grads
-        gx = grads_of(layer, g_err, x, _again(q.weight, w, dims.error[1]), [True, False, False])[0] if need_x else None
+        act_scale, weight_scale = ctx.scales
+        w_err = _again(q.weight, w, dims.error[1], weight_scale) if need_x else None
+        gx = grads_of(layer, g_err, x, w_err, [True, False, False])[0] if need_x else None
         gw = None
         if need_w:
             rows_x, rows_g = (x, grad) if conv else (x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1]))
             rows_err = g_err if conv else g_err.reshape(-1, g_err.shape[-1])
-            xw, gwq = _weight_grad_operands(q, rows_x, rows_g, rows_err, dims.weight_grad)
+            xw, gwq = _weight_grad_operands(q, rows_x, rows_g, rows_err, dims.weight_grad, act_scale)
             gw = grads_of(layer, gwq, xw, w, [False, True, False])[1]
         gb = grads_of(layer, grad, x, w, [False, False, True])[2] if need_b else None  # from the float32 gradient
         return gx, gw, gb, None, None
@@ -126,8 +132,8 @@ class ScaledMatMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, q: ScaledOperands) -> torch.Tensor:
         aq, bq = _quantize(q.act, a, MATMUL.forward[0]), _quantize(q.weight, b, MATMUL.forward[1])
-        ctx.save_for_backward(_kept(q.act, a, aq), _kept(q.weight, b, bq))
-        ctx.q = q
+        ctx.save_for_backward(a, b)
+        ctx.q, ctx.scales = q, (_scale(q.act), _scale(q.weight))
         return aq @ bq
 
     @staticmethod
@@ -136,11 +142,14 @@ class ScaledMatMul(torch.autograd.Function):
         q = ctx.q
         grad = grad.contiguous()
         g_err = _quantize(q.grad, grad, MATMUL.error[0])
-        grad_a = g_err @ _again(q.weight, b, MATMUL.error[1]).transpose(-2, -1) if ctx.needs_input_grad[0] else None
+        a_scale, b_scale = ctx.scales
+        grad_a = None
+        if ctx.needs_input_grad[0]:
+            grad_a = g_err @ _again(q.weight, b, MATMUL.error[1], b_scale).transpose(-2, -1)
         grad_b = None
         if ctx.needs_input_grad[1]:
             # a MatMul's second operand is an activation: NVFP4's rotation is the weight gradients' alone
-            aw, gw = _weight_grad_operands(q, a, grad, g_err, MATMUL.weight_grad, rotate=False)
+            aw, gw = _weight_grad_operands(q, a, grad, g_err, MATMUL.weight_grad, a_scale, rotate=False)
             grad_b = aw.transpose(-2, -1) @ gw
         return grad_a, grad_b, None
 

@@ -38,6 +38,7 @@ class ScaledQuantizer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.elements = 0  # of the last tensor quantized: what a per-tensor scale is amortized over
+        self.used_scale: torch.Tensor | None = None  # the per-tensor scale of the last call (None: per block)
 
     def scale_bits_per_element(self) -> float:
         raise NotImplementedError
@@ -57,6 +58,11 @@ class ScaledQuantizer(nn.Module):
     def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """``x`` on the format's grid, changing no state (what a report may look at)."""
         raise NotImplementedError
+
+    def requantize(self, x: torch.Tensor, dim: int, scale: torch.Tensor | None) -> torch.Tensor:
+        """``x`` for another GEMM of the same step: blocked along that GEMM's ``dim`` (per-tensor quantizers: at the
+        ``scale`` the first GEMM used, the same values again)."""
+        return self(x, dim)
 
 
 class TensorScaledFP8(ScaledQuantizer):
@@ -79,15 +85,23 @@ class TensorScaledFP8(ScaledQuantizer):
         return TENSOR_SCALE_BITS / self.elements if self.elements else 0.0
 
     def forward(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        out = super().forward(x, dim)
+        self.elements, self.used_scale = x.numel(), self._scale(x)
+        out = fp8_scaling.scaled_fp8(x, self.element, self.used_scale, self.rounding)
         if self.history is not None and self.training:
             self.history.record(x.detach().abs().amax())
         return out
 
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        """This step's scale: from the amax history (delayed), else from ``x``'s own amax (current scaling)."""
+        if self.history is not None:
+            return self.history.scale(self.element, self.margin)
+        amax = x.detach().abs().amax() if x.numel() else torch.zeros((), device=x.device)
+        return fp8_scaling.fp8_scale(amax, self.element, self.margin)
+
     def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        if self.history is None:
-            return fp8_scaling.current_scaled_fp8(x, self.element, self.margin, self.rounding)
-        scale = self.history.scale(self.element, self.margin)
+        return fp8_scaling.scaled_fp8(x, self.element, self._scale(x), self.rounding)
+
+    def requantize(self, x: torch.Tensor, dim: int, scale: torch.Tensor | None) -> torch.Tensor:
         return fp8_scaling.scaled_fp8(x, self.element, scale, self.rounding)
 
 
