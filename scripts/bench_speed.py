@@ -23,7 +23,8 @@ with their gates' choices drawn from TRAINED_SHARES, the option shares of a trai
 from untrained gates (which send most samples past their blocks); dfq_mix_all runs every option for
 every sample, as the reference code does (timed once, over at most 5 steps: it has no target and takes
 several times as long).
-FP8 and the block-scaled recipes (mxfp8, mxfp6, mxfp4, nvfp4: the league's) run at their config defaults.
+CPT runs its cycle's first step (3 bits forward, 8 backward; a step's work does not depend on its bits). FP8 and
+the block-scaled recipes (mxfp8, mxfp6, mxfp4, nvfp4: the league's) run at their config defaults.
 Targets: SBM, both FW-8/BW-16 readings, PFQ and MuPPET <= 1.2x float32 in time, DFQ, FracTrain and
 AdaPT <= 1.35x, DYNASTY <= 1.5x, FP8 and MX <= 1.3x; every method <= 1.2x in memory (DYNASTY 1.3x), stochastic
 rounding <= 2x a copy.
@@ -57,7 +58,7 @@ VARIANTS = {
 }
 SCALED = ("fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
 METHODS = ("float32", "sbm", "sbm_bw16_bifurcation", "sbm_bw16_both_paths", "pfq", "dfq", "dfq_mix_all", "fractrain",
-           "muppet", "adapt", "dynasty", *SCALED)
+           "muppet", "adapt", "dynasty", "cpt", *SCALED)
 TIME_TARGET = 1.2
 # others: TIME_TARGET
 TIME_TARGETS = {"dfq": 1.35, "fractrain": 1.35, "adapt": 1.35, "dynasty": 1.5, "dfq_mix_all": None,
@@ -66,7 +67,7 @@ ADAPT_SWITCH_EVERY = 25  # optimizer steps between a layer's switches at the sho
 SLOW = {"dfq_mix_all"}  # timed in the first round only, over at most 5 steps
 MEMORY_TARGET = 1.2
 MEMORY_TARGETS = {"dynasty": 1.3}  # others: MEMORY_TARGET
-TRANSFORMER_METHODS = ("float32", "sbm", "pfq", "muppet", "adapt", "dynasty", *SCALED)
+TRANSFORMER_METHODS = ("float32", "sbm", "pfq", "muppet", "adapt", "dynasty", "cpt", *SCALED)
 # PFQ as FracTrain Table 2's Transformer runs trains it (fractrain_wikitext103): the vocabulary projection quantized
 TRANSFORMER_OVERRIDES = {"pfq": ["method.last_layer=quantized"]}
 TRANSFORMER_TIME_TARGETS = {"sbm": 1.25, "pfq": 1.25}  # others: measured only
