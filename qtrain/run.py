@@ -321,7 +321,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     plan.method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, train_batches.samples,
-                                           -(-cfg.train.batch_size // distributed.world_size())))
+                                           -(-cfg.train.batch_size // distributed.world_size()), len(train_batches)))
     step_schedule = build_step_schedule(cfg.sched, optimizer, -(-len(train_batches) // cfg.train.accum_steps))
     saver = Checkpoint(identity(cfg), plan.device, model, optimizer, scheduler, step_schedule, plan.method, meter)
     progress, precision_log = _resume(cfg, files, saver, checkpoint)

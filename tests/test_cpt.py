@@ -9,7 +9,7 @@ import torch
 
 from qtrain.errors import ConfigError
 from qtrain.methods import RunFacts, StepInfo, build_method
-from qtrain.methods.cpt import cycle_period, cyclic_bits
+from qtrain.methods.cpt import cycle_period, cyclic_bits, steps_per_epoch
 from qtrain.run import run
 
 from .conftest import TINY, make_config, prepared, run_cli
@@ -214,3 +214,20 @@ def test_the_cifar_experiment_is_the_reference_command_in_its_iterations():
     # CIFAR's 50,000 images in epochs of 400 batches (qtrain.data.base.Periods' samples per epoch): cycles of 2,000
     method, _ = _attached("method.epochs=160", samples=round(batches * 50000 / 391), batch=128)
     assert (method.total_steps, method.period) == (64000, 2000)
+
+
+def test_the_mini_scale_ends_at_the_top_of_its_last_cycle():
+    cfg = make_config("experiment=cpt_cifar", "scale=mini")
+    facts = RunFacts(cfg.train.batch_size, cfg.train.accum_steps, cfg.data.sample.train)
+    total = cfg.train.epochs * steps_per_epoch(facts)
+    period = cycle_period(total, cfg.method.cycles)
+    assert period * cfg.method.cycles == total  # no partial cycle at the end
+    assert cyclic_bits(total - 1, period, cfg.method.bits_min, cfg.method.bits_max) == cfg.method.bits_max
+
+
+def test_an_epoch_of_batches_over_passes_counts_its_batches():
+    # 2,000 batches of 128 over five passes of 50,000 images, each pass ending in a batch of 80: 2,000 steps, though
+    # the samples fill only 1,999 batches of 128 and a bit
+    facts = RunFacts(128, 1, samples_per_epoch=2000 * 128 - 5 * 48, batches_per_epoch=2000)
+    assert steps_per_epoch(facts) == 2000
+    assert steps_per_epoch(RunFacts(128, 2, 50_000)) == 196  # 391 batches, a step every 2 and at the end

@@ -96,7 +96,7 @@ def test_slurm_config_requeues_and_names_job_directories_as_a_local_sweep(monkey
 def test_launchers_pass_the_command_line_check_and_help(tmp_path):
     for launcher in ("parallel", "slurm"):
         result = run_cli("-m", f"hydra/launcher={launcher}", "method=float32", "--help", cwd=tmp_path)
-        assert result.returncode == 0 and "method: adapt, dfq" in result.stdout, result.stderr
+        assert result.returncode == 0 and "method: adapt, cpt, dfq" in result.stdout, result.stderr
     result = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=0", "seed=0,1", *TINY, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["qtrain: error: hydra.launcher.n_jobs=0 is not allowed: it must be a number of "

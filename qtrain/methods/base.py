@@ -22,17 +22,21 @@ class RunFacts:
     """What a method may need to know of the run: micro-batch size, accumulation, training-set size.
 
     ``batch_size`` is the global micro-batch; ``rank_batch_size`` the most samples of it one process
-    trains on (the same on one process).
+    trains on (the same on one process); ``batches_per_epoch`` the micro-batches of an epoch (None: a pass of
+    ``samples_per_epoch`` in batches of ``batch_size``).
     """
 
     batch_size: int
     accum_steps: int
     samples_per_epoch: int
     rank_batch_size: int | None = None
+    batches_per_epoch: int | None = None
 
     def __post_init__(self) -> None:
         if self.rank_batch_size is None:
             object.__setattr__(self, "rank_batch_size", self.batch_size)
+        if self.batches_per_epoch is None:
+            object.__setattr__(self, "batches_per_epoch", -(-self.samples_per_epoch // self.batch_size))
 
 
 @dataclass

@@ -39,8 +39,7 @@ def cyclic_bits(step: int, period: int, low: int, high: int) -> int:
 
 def steps_per_epoch(facts: RunFacts) -> int:
     """Optimizer steps in an epoch: its batches, one step every ``accum_steps`` of them and at the epoch's end."""
-    batches = -(-facts.samples_per_epoch // facts.batch_size)
-    return -(-batches // facts.accum_steps)
+    return -(-facts.batches_per_epoch // facts.accum_steps)
 
 
 class CPT(SBM):
