@@ -172,9 +172,13 @@ def random_hadamard(x: torch.Tensor, dim: int, size: int = NVFP4_BLOCK, seed: in
     """
     if size < 1 or size & (size - 1):
         raise ValueError(f"Hadamard size must be a power of two; got {size}")
-    moved = x.movedim(dim, -1)
-    n = moved.shape[-1]
+    dim = dim % x.dim()
+    n = x.shape[dim]
     whole = n - n % size
     q = _hadamard(size, seed, x.device).to(x.dtype)
-    head = (moved[..., :whole].reshape(*moved.shape[:-1], whole // size, size) @ q.T).reshape(*moved.shape[:-1], whole)
-    return torch.cat([head, moved[..., whole:]], dim=-1).movedim(-1, dim)
+    # the tensor as it lies, (outer, n, inner), so nothing is moved: runs along the last dimension are rows times
+    # Q^T, runs along another dimension Q times (size, inner) slices (a batched matmul over the outer indices)
+    rows = x.reshape(math.prod(x.shape[:dim]), n, math.prod(x.shape[dim + 1:]))
+    runs = rows[:, :whole].reshape(rows.shape[0], whole // size, size, rows.shape[2])
+    turned = (runs.squeeze(3) @ q.T).unsqueeze(3) if rows.shape[2] == 1 else q @ runs
+    return torch.cat([turned.reshape(rows.shape[0], whole, rows.shape[2]), rows[:, whole:]], dim=1).reshape(x.shape)
