@@ -495,10 +495,11 @@ def pareto_front(costs: list[float], scores: list[float]) -> list[int]:
 def pareto_plot(table: pd.DataFrame, out: Path) -> list[Path]:
     """Per model, data and scale of the runs table (:func:`qtrain.report.tables.summary_frame`): each configuration's
     mean test accuracy (a language model's: perplexity) ± std over seeds against its cost in % of float32, the
-    Pareto frontier (no configuration both cheaper and better) drawn as a step line."""
+    Pareto frontier (no configuration both cheaper and better) drawn as a step line. Only configurations whose
+    runs all completed are drawn (a run in progress has neither its final accuracy nor its whole cost)."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for (model, data, scale), part in table.groupby(["model", "data", "scale"], sort=False):
+    for (model, data, scale), part in table[table.status == "completed"].groupby(["model", "data", "scale"], sort=False):
         language = part["test_ppl_mean"].notna().any()
         metric, what = ("test_ppl", "test perplexity (lower is better)") if language else ("test_acc", "test accuracy (%)")
         part = part[part[f"{metric}_mean"].notna() & part["percent_of_float32_mean"].notna()]
