@@ -492,6 +492,22 @@ def pareto_front(costs: list[float], scores: list[float]) -> list[int]:
     return front
 
 
+def _point_names(rows: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Each row's name in a plot: its method, numbered where the method has several rows, whose settings a note
+    each gives in full."""
+    counts = Counter(rows.method)
+    seen: Counter = Counter()
+    names, notes = [], []
+    for row in rows.itertuples():
+        if counts[row.method] == 1:
+            names.append(row.method)
+            continue
+        seen[row.method] += 1
+        names.append(f"{row.method} #{seen[row.method]}")
+        notes.append(f"{names[-1]}: {row.setting or '(defaults)'}")
+    return names, notes
+
+
 def pareto_plot(table: pd.DataFrame, out: Path) -> list[Path]:
     """Per model, data and scale of the runs table (:func:`qtrain.report.tables.summary_frame`): each configuration's
     mean test accuracy (a language model's: perplexity) ± std over seeds against its cost in % of float32, the
@@ -507,14 +523,16 @@ def pareto_plot(table: pd.DataFrame, out: Path) -> list[Path]:
             continue
         costs, means = part["percent_of_float32_mean"].tolist(), part[f"{metric}_mean"].tolist()
         front = pareto_front(costs, [-m if language else m for m in means])
-        fig = Figure(figsize=(7.5, 5.0), layout="constrained")
+        names, notes = _point_names(part)
+        fig = Figure(figsize=(7.5, 5.0 + 0.14 * len(notes)), layout="constrained")
         axes = fig.add_subplot()
-        for (_, row), cost, mean in zip(part.iterrows(), costs, means):
+        for (_, row), cost, mean, name in zip(part.iterrows(), costs, means, names):
             std = row[f"{metric}_std"]
             axes.errorbar([cost], [mean], yerr=None if math.isnan(std) else [std], fmt="o", capsize=3,
                           color=method_colour(row.method))
-            name = " ".join(p for p in (row.method, row.setting) if p)
-            axes.annotate(name, (cost, mean), textcoords="offset points", xytext=(4, 3), fontsize=6)
+            axes.annotate(name, (cost, mean), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        if notes:
+            axes.set_title("\n".join(notes), fontsize=6, loc="left")
         axes.step([costs[i] for i in front], [means[i] for i in front], where="post", color="black", linewidth=1,
                   alpha=0.6, label="Pareto frontier")
         axes.set(xscale="log", xlabel="training cost, % of float32's effective MACs", ylabel=what,
