@@ -3,7 +3,7 @@
 Training runs DFQ (:mod:`qtrain.methods.dfq`) with the target cp of the current stage; the stage
 advances as PFQ's precision stages do (:mod:`qtrain.methods.progressive`). The targets are
 ``cp_schedule`` or, with ``cp_total`` set, appendix G's rule (stages ``cp_step`` apart whose mean is
-``cp_total``). Defaults and departures: docs/methods/fractrain.md.
+``cp_total``). Defaults and departures: docs/methods/fractrain_stages.md.
 """
 
 from __future__ import annotations
