@@ -21,22 +21,17 @@ class ScaledFormats(Method):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
-        self.model: nn.Module | None = None
-        self.swapped: list[str] = []
+        self.operand_quantizers: dict[str, ScaledOperands] = {}  # of each swapped layer, by name
 
     def operands(self, layer: nn.Module) -> ScaledOperands:
         raise NotImplementedError
 
     def prepare(self, model: nn.Module) -> nn.Module:
         keep_float = float_ends(self.cfg, [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))])
-        self.swapped = swap_layers(model, lambda n, m: None if n in keep_float else self.operands(m), matmuls=True)
-        self.model = model
+        swapped = swap_layers(model, lambda n, m: None if n in keep_float else self.operands(m), matmuls=True)
+        self.operand_quantizers = {name: model.get_submodule(name).quant for name in swapped}
         return model
 
     def precision(self) -> PrecisionRecord:
         """Each layer's operand bits, read now: a per-tensor scale is amortized over the last tensor it scaled."""
-        record = {}
-        for name in self.swapped:
-            q = self.model.get_submodule(name).quant
-            record[name] = LayerPrecision(((1.0, q.bits()),), q.fmt(), q.datapath())
-        return record
+        return {name: LayerPrecision(((1.0, q.bits()),), q.fmt(), q.datapath()) for name, q in self.operand_quantizers.items()}

@@ -38,6 +38,10 @@ LINEAR = Reductions((-1, 1), (-1, 0), (0, 0))  # the weight gradient's operands 
 MATMUL = Reductions((-1, -2), (-1, -1), (-2, -2))
 
 
+def _reductions(layer: nn.Module) -> Reductions:
+    return CONV if isinstance(layer, nn.Conv2d) else LINEAR
+
+
 class ScaledOperands(nn.Module):
     """The scaled-format quantizers of one layer's operands (None: float32), and the weight-gradient rotation."""
 
@@ -96,7 +100,7 @@ class ScaledGEMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer: Any,
                 q: ScaledOperands) -> torch.Tensor:
-        dims = CONV if isinstance(layer, nn.Conv2d) else LINEAR
+        dims = _reductions(layer)
         xq, wq = _quantize(q.act, x, dims.forward[0]), _quantize(q.weight, weight, dims.forward[1])
         ctx.save_for_backward(x, weight)
         ctx.layer, ctx.q, ctx.dims, ctx.has_bias = layer, q, dims, bias is not None
@@ -157,15 +161,14 @@ class ScaledMatMul(torch.autograd.Function):
 def forward_weight(layer: Any) -> torch.Tensor:
     """The weight as a quantized Conv2d's or Linear's forward GEMM sees it, changing no quantizer state."""
     q = layer.quant.weight
-    return q.quantize(layer.weight, (CONV if isinstance(layer, nn.Conv2d) else LINEAR).forward[1]) if q is not None \
-        else layer.weight
+    return q.quantize(layer.weight, _reductions(layer).forward[1]) if q is not None else layer.weight
 
 
 def scaled_gemm(layer: Any, x: torch.Tensor, q: ScaledOperands) -> torch.Tensor:
     """A quantized Conv2d or Linear's forward on scaled formats (only the forward GEMM where no gradient is taken)."""
     if torch.is_grad_enabled():
         return ScaledGEMM.apply(x, layer.weight, layer.bias, layer, q)
-    dims = CONV if isinstance(layer, nn.Conv2d) else LINEAR
+    dims = _reductions(layer)
     return layer.gemm(_quantize(q.act, x, dims.forward[0]), _quantize(q.weight, layer.weight, dims.forward[1]), layer.bias)
 
 

@@ -13,19 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.quant import fp8_scaling, microscaling
 from qtrain.quant.elements import ELEMENTS, ElementFormat
 
 TENSOR_SCALE_BITS = 32  # a float32 per-tensor scale (FP8, NVFP4's second level)
 MX_FORMATS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2", "mxfp6_e3m2": "e3m2", "mxfp6_e2m3": "e2m3",
               "mxfp4_e2m1": "e2m1", "mxint8": "int8"}
-BLOCK_FORMATS = (*MX_FORMATS, "nvfp4")
-
-
-def datapath_bits(element: ElementFormat) -> int:
-    """The operand width a MAC unit multiplies: a float element's significand with its sign (``man + 2``: the
-    implicit one, the stored mantissa, the sign), an integer element's own bits."""
-    return element.bits if element.name == "int8" else element.man + 2
+BLOCK_FORMATS = tuple(fmt.value for fmt in schemas.BlockFormat)  # MX_FORMATS and nvfp4
 
 
 class ScaledQuantizer(nn.Module):
@@ -48,7 +43,9 @@ class ScaledQuantizer(nn.Module):
         return self.element.bits + self.scale_bits_per_element()
 
     def datapath_bits(self) -> int:
-        return datapath_bits(self.element)
+        """The operand width a MAC unit multiplies: a float element's significand with its sign (``man + 2``: the
+        implicit one, the stored mantissa, the sign), an integer element's own bits."""
+        return self.element.bits if self.element.name == "int8" else self.element.man + 2
 
     def forward(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """``x`` quantized for a GEMM, as training counts it (the tensor's size, a delayed scale's amax)."""
@@ -77,7 +74,7 @@ class TensorScaledFP8(ScaledQuantizer):
     def __init__(self, element: str, scaling: str, margin: int = 0, history: int = 1, reduction: str = "max",
                  rounding: str = "nearest") -> None:
         super().__init__()
-        self.element, self.scaling, self.margin, self.rounding = ELEMENTS[element], scaling, margin, rounding
+        self.element, self.margin, self.rounding = ELEMENTS[element], margin, rounding
         self.fmt = f"fp8_{element}"
         self.history = fp8_scaling.AmaxHistory(history, reduction) if scaling == "delayed" else None
 
