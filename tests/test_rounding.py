@@ -54,6 +54,35 @@ def test_stochastic_rounding_is_unbiased():
     assert abs(out.mean().item() - 0.3) < 2e-3
 
 
+def test_lane_count_is_the_rows_power_of_two_divisor_within_bounds():
+    assert rounding.lane_count(128 * 16 * 32 * 32) == 1024
+    assert rounding.lane_count(16 * 3 * 3 * 3) == 16  # 432 = 16 * 27
+    assert rounding.lane_count(27) == 1 and rounding.lane_count(8) == 1  # odd, or below MIN_LANES
+    assert rounding.lane_count(0) == 1
+    assert rounding.lane_count(3 << 31) == 1  # 64-bit indices: no lanes
+    assert rounding.lane_count(100 * 48, 48) == 16  # rows of 48: lanes divide the row, not only the tensor
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (3, 1024), (2, 5, 64)])
+def test_draws_in_lanes_are_the_draws_of_the_flat_indices(shape):
+    key = _key()
+    lanes = shape[-1]
+    by_lanes = hashed_uniform(torch.Size(shape), rounding.lane_keys(key, lanes), torch.device("cpu"))
+    flat = rounding.uniform_at(torch.arange(math.prod(shape), dtype=torch.int32), key)
+    assert torch.equal(by_lanes.reshape(-1), flat)
+
+
+@pytest.mark.parametrize("numel", [4096, 432, 27])
+def test_stochastic_fixed_point_rounds_each_element_with_its_flat_index_draw(numel):
+    """Whether or not its draws are taken in lanes, element i rounds up iff uniform_at(i) < its fraction."""
+    x = torch.randn(numel) * 5
+    key = _key()
+    u = rounding.uniform_at(torch.arange(numel, dtype=torch.int32), key)
+    t = x * 16
+    expected = (torch.floor(t) + (u < t - torch.floor(t)).float()).clamp(-128, 127) / 16
+    assert torch.equal(formats.fixed_point(x, 8, 4, "stochastic", key=key), expected)
+
+
 def test_compiler_failure_falls_back_per_kernel_to_the_same_eager_result(monkeypatch):
     def codes(t: torch.Tensor, key: torch.Tensor, *, stochastic: bool) -> torch.Tensor:
         return rounding.round_codes(t, key, stochastic=stochastic)

@@ -19,7 +19,16 @@ from typing import Literal
 import torch
 
 from qtrain.config import methods as schemas
-from qtrain.quant.rounding import device_constant, fused, key_for, pow2, round_codes, scale_pow2
+from qtrain.quant.rounding import (
+    device_constant,
+    fused,
+    key_for,
+    lane_count,
+    lane_keys,
+    pow2,
+    round_codes,
+    scale_pow2,
+)
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
@@ -51,16 +60,19 @@ def _fixed_point_math(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor
     return out, ~((codes < bounds[0]) | (codes > bounds[1]))
 
 
-# Two kernels of one computation, so that neither recompiles for the other's shapes: a flat tensor at one
-# format, and a (1, n) tensor at a column of formats (AdaPT's PushDown candidates).
+# Two kernels of one computation, so that neither recompiles for the other's shapes: a flat tensor (or its rows
+# of lanes) at one format, and a (1, n) (or (1, rows, lanes)) tensor at a column of formats (AdaPT's PushDown).
 _fixed_point_flat = fused(_fixed_point_math)
 _fixed_point_rows = fused(_fixed_point_math)
 
 
 def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
                  clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_fixed_point_math` on ``x`` flattened (the same element indices, so the same stochastic draws)."""
-    out = _fixed_point_flat(x.reshape(-1), scale, bounds, key, stochastic=stochastic, clamp=clamp, mask=mask)
+    """:func:`_fixed_point_math` on ``x`` flattened, in rows of lanes where it draws (the same element indices,
+    so the same stochastic draws)."""
+    lanes = lane_count(x.numel()) if stochastic else 1
+    flat, key = (x.reshape(-1, lanes), lane_keys(key, lanes)) if lanes > 1 else (x.reshape(-1), key)
+    out = _fixed_point_flat(flat, scale, bounds, key, stochastic=stochastic, clamp=clamp, mask=mask)
     if mask:
         return out[0].view(x.shape), out[1].view(x.shape)
     return out.view(x.shape)
@@ -119,7 +131,13 @@ def fixed_point_candidates(
     scale = scale_pow2(torch.ones_like(fl, dtype=x.dtype), fl)
     bounds = torch.stack([-half, half - 1])
     key = key_for(stochastic, x.device) if key is None else key
-    return _fixed_point_rows(x.reshape(1, -1), scale, bounds, key, stochastic=stochastic, clamp=True, mask=False)
+    lanes = lane_count(x.numel()) if stochastic else 1
+    if lanes > 1:  # x as (1, rows, lanes); each format's scale and bounds get a dimension to match
+        flat, key, scale, bounds = x.reshape(1, -1, lanes), lane_keys(key, lanes), scale[..., None], bounds[..., None]
+    else:
+        flat = x.reshape(1, -1)
+    out = _fixed_point_rows(flat, scale, bounds, key, stochastic=stochastic, clamp=True, mask=False)
+    return out.reshape(len(fl), -1)
 
 
 def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:
@@ -236,14 +254,26 @@ def _affine(codes: torch.Tensor, step: torch.Tensor, lo: torch.Tensor) -> torch.
     return torch.where(out.abs() == math.inf, (codes * (step * 0.5) + lo * 0.5) * 2, out)
 
 
+def _column(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A per-row ``(R, 1)`` (or 0-d) value shaped to broadcast against ``rows``, ``(R, D)`` or ``(R, D / L, L)``."""
+    return v if v.dim() == 0 else v.reshape(v.shape[0], *[1] * (rows.dim() - 1))
+
+
+def _grid(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor,
+          stochastic: bool, code_dtype: torch.dtype | None) -> tuple[torch.Tensor, ...]:
+    """The values of ``rows`` on their grids, and the codes (as ``(R, D)``) and steps where ``code_dtype`` asks."""
+    lo = _column(lo, rows)
+    codes, step = _range_codes(rows, lo, _column(hi, rows), _column(levels, rows), key, stochastic)
+    out = _affine(codes, step, lo)
+    return (out,) if code_dtype is None else (out, codes.to(code_dtype).reshape(rows.shape[0], -1), step.reshape(-1, 1))
+
+
 @fused
 def _range_linear(
     rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
     code_dtype: torch.dtype | None,
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
-    out = _affine(codes, step, lo)
-    return out if code_dtype is None else (out, codes.to(code_dtype), step)
+) -> tuple[torch.Tensor, ...]:
+    return _grid(rows, lo, hi, levels, key, stochastic, code_dtype)
 
 
 @fused
@@ -251,12 +281,16 @@ def _range_linear_from_data(
     rows: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, whole: bool, stochastic: bool,
     code_dtype: torch.dtype | None,
 ) -> tuple[torch.Tensor, ...]:
-    lo, hi = _finite_bounds(rows.reshape(1, -1) if whole else rows)
-    codes, step = _range_codes(rows, lo, hi, levels, key, stochastic)
-    out = _affine(codes, step, lo)
-    if code_dtype is None:
-        return out, lo, hi
-    return out, lo, hi, codes.to(code_dtype), step
+    lo, hi = _finite_bounds(rows.reshape(1, -1) if whole else rows.reshape(rows.shape[0], -1))
+    out, *compact = _grid(rows, lo, hi, levels, key, stochastic, code_dtype)
+    return out, lo, hi, *compact
+
+
+def _in_lanes(rows: torch.Tensor, key: torch.Tensor, stochastic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` ``(R, D)`` as ``(R, D / L, L)`` and the key of each lane where the draws are taken in lanes
+    (:func:`~qtrain.quant.rounding.lane_count`); as they are otherwise. The draws are the same either way."""
+    lanes = lane_count(rows.numel(), rows.shape[1]) if stochastic else 1
+    return (rows.reshape(rows.shape[0], -1, lanes), lane_keys(key, lanes)) if lanes > 1 else (rows, key)
 
 
 @fused
@@ -295,8 +329,8 @@ def range_linear(x: torch.Tensor, bits: Bits, lo: torch.Tensor, hi: torch.Tensor
     """
     stochastic = _stochastic(rounding)
     rows = x.reshape(x.shape[0], -1) if isinstance(bits, torch.Tensor) else x.reshape(lo.shape[0], -1)
-    key = key_for(stochastic, x.device)
-    return _range_linear(rows, lo, hi, _levels(bits, x), key, stochastic=stochastic, code_dtype=None).view_as(x)
+    rows, key = _in_lanes(rows, key_for(stochastic, x.device), stochastic)
+    return _range_linear(rows, lo, hi, _levels(bits, x), key, stochastic=stochastic, code_dtype=None)[0].view_as(x)
 
 
 def _from_data(x: torch.Tensor, bits: Bits, granularity: Granularity, rounding: Rounding, dtype: torch.dtype | None) -> tuple:
@@ -306,13 +340,15 @@ def _from_data(x: torch.Tensor, bits: Bits, granularity: Granularity, rounding: 
         zero = x.new_zeros(1 if granularity == "sample_mean" or isinstance(bits, torch.Tensor) else rows.shape[0], 1)
         out = x.clone()
         return (out, zero, zero) if dtype is None else (out, zero, zero, rows.to(dtype), zero)
-    levels, key = _levels(bits, x), key_for(stochastic, x.device)
+    levels = _levels(bits, x)
     if granularity != "sample_mean":  # range and grid in one kernel
         whole = isinstance(bits, torch.Tensor)  # per-sample rows, one range over all of them
+        rows, key = _in_lanes(rows, key_for(stochastic, x.device), stochastic)
         return _range_linear_from_data(rows, levels, key, whole=whole, stochastic=stochastic, code_dtype=dtype)
     lo, hi = _sample_mean_range(rows)
-    result = _range_linear(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=dtype)
-    return (result, lo, hi) if dtype is None else (result[0], lo, hi, *result[1:])
+    rows, key = _in_lanes(rows, key_for(stochastic, x.device), stochastic)
+    out, *compact = _range_linear(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=dtype)
+    return out, lo, hi, *compact
 
 
 def range_linear_from_data(
