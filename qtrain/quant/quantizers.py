@@ -15,7 +15,7 @@ from torch import nn
 
 from qtrain.quant import formats
 from qtrain.quant.formats import Granularity, Rounding
-from qtrain.quant.rounding import device_constant, scale_pow2
+from qtrain.quant.rounding import device_constant, fused, scale_pow2
 
 
 class Quantizer(nn.Module):
@@ -72,11 +72,22 @@ def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.T
     if dtype is None:
         return None
     fl = fl.to(device=out.device, dtype=torch.int32)
-    nan = torch.isnan(out)
-    lowest = torch.iinfo(dtype).min
-    codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(dtype)
-    nan_code = torch.where(nan.any(), lowest, torch.inf)  # float: a 0-dim int would take the codes' dtype
+    codes, nan_code = _encode(out, fl, code_dtype=dtype)
     return codes, scale_pow2(torch.ones((), device=out.device), -fl), nan_code
+
+
+@fused
+def _encode(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    nan = out != out  # not isnan: Inductor's CPU code tests isnan one lane at a time
+    lowest = torch.iinfo(code_dtype).min
+    codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(code_dtype)
+    return codes, torch.where(nan.any(), lowest, torch.inf)  # float: a 0-dim int would take the codes' dtype
+
+
+@fused
+def _decode(codes: torch.Tensor, step: torch.Tensor, nan_code: torch.Tensor) -> torch.Tensor:
+    values = codes.float()
+    return torch.where(values == nan_code, torch.nan, values * step)
 
 
 def expand_codes(saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -84,8 +95,7 @@ def expand_codes(saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
     if saved[0].is_floating_point():
         return saved[0]
     codes, step, nan_code = saved[:3]
-    values = codes.float()
-    return torch.where(values == nan_code, torch.nan, values * step)
+    return _decode(codes, step, nan_code)
 
 
 class FixedPoint(Quantizer):
