@@ -13,6 +13,7 @@ The gradient estimate, the widths and every departure from the reference code: d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,6 +48,32 @@ class GateController(nn.Module):
     def forward(self, embedding: torch.Tensor) -> torch.Tensor:
         self.state = self.cell(embedding, self.state)
         return self.proj(self.state[0])
+
+
+class _GatedMerge(torch.autograd.Function):
+    """``out * run_gates + skip * skip_gates``, each sample's block output where it runs (``rows``) and its skip
+    path where not; the taken path's gates get its output's A, the other path's the other's, and ``out`` (``skip``)
+    its gradient only where taken (docs/methods/dfq.md, "The gates' task gradient").
+
+    The gradients of ``where(rows, out, out.detach()) * run_gates + where(rows, skip.detach(), skip) * skip_gates``
+    bit for bit, without the two whole-tensor ``where`` copies autograd would keep for backward: it keeps
+    ``out`` and ``skip``, which the block's last ReLU and the block before keep anyway.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, skip: torch.Tensor, rows: torch.Tensor, run_gates: torch.Tensor,
+                skip_gates: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(out, skip, rows, run_gates, skip_gates)
+        return out * run_gates + skip * skip_gates
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        out, skip, rows, run_gates, skip_gates = ctx.saved_tensors
+        grad_out = torch.where(rows, grad * run_gates, 0.0) if ctx.needs_input_grad[0] else None
+        grad_skip = torch.where(rows, 0.0, grad * skip_gates) if ctx.needs_input_grad[1] else None
+        grad_run = (grad * out).sum_to_size(run_gates.shape) if ctx.needs_input_grad[3] else None
+        grad_skip_gates = (grad * skip).sum_to_size(skip_gates.shape) if ctx.needs_input_grad[4] else None
+        return grad_out, grad_skip, None, grad_run, grad_skip_gates
 
 
 class GatedBlock(nn.Module):
@@ -127,10 +154,7 @@ class GatedBlock(nn.Module):
         rows = running.view(shape)
         if not gates.requires_grad:
             return torch.where(rows, out, skip)
-        # forward: exactly out or skip(x); backward: the taken path's gates get its output's A, the other path's the
-        # other's (docs/methods/dfq.md, "The gates' task gradient"), and the block's weights learn from the samples that run it
-        return (torch.where(rows, out, out.detach()) * run_gates
-                + torch.where(rows, skip.detach(), skip) * gates[:, :1].view(shape))
+        return _GatedMerge.apply(out, skip, rows, run_gates, gates[:, :1].view(shape))
 
     def _evaluate(self, x: torch.Tensor, options: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
         """Hard gates without the gates' gradient, in evaluation: running statistics and ranges treat every
