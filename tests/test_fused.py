@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from qtrain.quant import elements, formats, fp8_scaling, microscaling, rounding
+from qtrain.quant import elements, formats, fp8_scaling, microscaling, quantizers, rounding
 from qtrain.run import run
 
 from .conftest import TINY, make_config
@@ -50,6 +50,15 @@ FORMAT_CALLS = {
     "range-channel": lambda x, r: formats.range_linear_from_data(x, 4, "channel", r),
     "range-codes": lambda x, r: formats.range_linear_codes(x, 8, "sample_mean", r),
     "decode": lambda x, r: formats.decode_codes(formats.range_linear_codes(x, 12, "channel", r)[3], x.shape),
+    # 10,080 elements (32 lanes), in rows of 1,680 (16 lanes): the draws taken in lanes
+    "fixed-lanes": lambda x, r: formats.fixed_point(x.repeat(16, 1, 1, 1), 8, 4, r),
+    "fixed-candidates": lambda x, r: formats.fixed_point_candidates(x.repeat(16, 1, 1, 1), torch.tensor([8, 12]),
+                                                                    torch.tensor([4, 6]), r),
+    "range-lanes": lambda x, r: formats.range_linear_from_data(x.repeat(1, 16, 1, 1), 4, "channel", r),
+    "range-codes-lanes": lambda x, r: formats.range_linear_codes(x.repeat(1, 16, 1, 1), 8, "sample_mean", r),
+    "range-per-sample-lanes": lambda x, r: formats.range_linear_codes(
+        x.repeat(1, 16, 1, 1), torch.arange(2, 8, device=x.device), "tensor", r, max_bits=8),
+    "fixed-codes": lambda x, r: _fixed_codes_round_trip(formats.fixed_point(x, 8, 4, r)),
     "block": lambda x, r: formats.block_floating_point(x, 8, r),
     "block-tiles": lambda x, r: formats.block_floating_point(x, 6, r, block=4, dims=(1, 2)),
     "block-dim": lambda x, r: formats.block_floating_point(x, 10, r, dim=2),
@@ -65,6 +74,11 @@ FORMAT_CALLS = {
     "nvfp4": lambda x, r: microscaling.nvfp4_quantize(x, 2, rounding=r),
     "nvfp4-2d": lambda x, r: microscaling.nvfp4_quantize(x, -1, block=4, rounding=r, two_d=True),
 }
+
+
+def _fixed_codes_round_trip(out: torch.Tensor) -> tuple:
+    saved = quantizers.fixed_codes(out, torch.tensor(4, device=out.device), 8)
+    return saved, quantizers.expand_codes(saved)
 
 
 def _flat(result) -> list[torch.Tensor]:
