@@ -58,6 +58,7 @@ FORMAT_CALLS = {
     "range-codes-lanes": lambda x, r: formats.range_linear_codes(x.repeat(1, 16, 1, 1), 8, "sample_mean", r),
     "range-per-sample-lanes": lambda x, r: formats.range_linear_codes(
         x.repeat(1, 16, 1, 1), torch.arange(2, 8, device=x.device), "tensor", r, max_bits=8),
+    "range-two-widths": lambda x, r: formats.range_linear_two_widths(x.repeat(16, 1, 1, 1), 8, 16, "tensor", r),
     "fixed-codes": lambda x, r: _fixed_codes_round_trip(formats.fixed_point(x, 8, 4, r)),
     "block": lambda x, r: formats.block_floating_point(x, 8, r),
     "block-tiles": lambda x, r: formats.block_floating_point(x, 6, r, block=4, dims=(1, 2)),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from qtrain.quant import formats
+from qtrain.quant.quantizers import RangeLinear, quantize_twice
 
 GRANULARITIES = ("tensor", "channel", "sample_mean")
 
@@ -135,3 +136,35 @@ def test_per_sample_bits_need_one_range_and_a_code_width():
         formats.range_linear_from_data(x, bits, "channel")
     with pytest.raises(ValueError, match="max_bits"):
         formats.range_linear_codes(x, bits, "tensor")
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("shape", [(64, 16, 8, 8), (5, 7, 3)])  # in lanes (per tensor), and not
+def test_two_widths_equal_two_calls_with_the_same_draws(granularity, rounding, shape):
+    x = torch.randn(shape) * 3
+    torch.manual_seed(4)
+    once = formats.range_linear_two_widths(x, 8, 16, granularity, rounding)
+    torch.manual_seed(4)
+    twice = (formats.range_linear_from_data(x, 8, granularity, rounding)[0],
+             formats.range_linear_from_data(x, 16, granularity, rounding)[0])
+    assert all(torch.equal(a, b) for a, b in zip(once, twice))
+
+
+def test_quantize_twice_shares_a_kernel_only_between_range_linear_quantizers_over_one_range(monkeypatch):
+    shared = []
+    monkeypatch.setattr(formats, "range_linear_two_widths", lambda *args: shared.append(args) or ("a", "b"))
+    grad, grad16 = RangeLinear(8, "tensor", "stochastic"), RangeLinear(16, "tensor", "stochastic")
+    x = torch.randn(4, 3)
+    assert quantize_twice(grad, grad16, x) == ("a", "b") and len(shared) == 1
+    running = RangeLinear(16, "tensor", "stochastic", momentum=0.9)  # a running range: not shared
+    nearest = RangeLinear(16, "tensor", "nearest")
+    for second in (running, nearest):
+        out = quantize_twice(grad, second, x)
+        assert len(shared) == 1 and all(isinstance(t, torch.Tensor) for t in out)
+    assert len(shared) == 1 and isinstance(quantize_twice(grad, grad16, x, torch.full((4,), 6))[0], torch.Tensor)
+
+
+def test_two_widths_refuse_a_range_they_do_not_take_from_the_data():
+    with pytest.raises(ValueError, match="granularity 'tensor' or 'channel', not 'sample_mean'"):
+        formats.range_linear_two_widths(torch.randn(4, 3), 8, 16, "sample_mean")

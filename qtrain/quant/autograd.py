@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from qtrain.quant.quantizers import quantize_twice
+
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -108,12 +110,14 @@ class QuantizedGEMM(torch.autograd.Function):
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         want_x, want_w = need_x or q.observer is not None, need_w or q.observer is not None
         grad = grad.contiguous()
-        grad_err = q.grad(grad, ctx.grad_bits) if q.grad is not None else grad
         if q.grad_weight is None:
+            grad_err = q.grad(grad, ctx.grad_bits) if q.grad is not None else grad
             gx, gw, gb = grads_of(layer, grad_err, x, weight, [want_x, want_w, need_b])
         else:
+            grad_err, grad_w = (quantize_twice(q.grad, q.grad_weight, grad, ctx.grad_bits) if q.grad is not None
+                                else (grad, q.grad_weight(grad)))
             gx = grads_of(layer, grad_err, x, weight, [want_x, False, False])[0] if want_x else None
-            _, gw, gb = grads_of(layer, q.grad_weight(grad), x, weight, [False, want_w, need_b])
+            _, gw, gb = grads_of(layer, grad_w, x, weight, [False, want_w, need_b])
         if q.observer is not None:
             q.observer(gx, gw, tuple(saved))
         if gx is not None and need_x and q.act is not None:  # straight-through for the activation quantizer

@@ -286,15 +286,25 @@ def _range_linear_from_data(
     return out, lo, hi, *compact
 
 
-def _in_lanes(rows: torch.Tensor, key: torch.Tensor, stochastic: bool, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` ``(R, D)`` as ``(R, D / L, L)`` and the key of each lane where the draws are taken in lanes
-    (:func:`~qtrain.quant.rounding.lane_count`); as they are otherwise. The draws are the same either way.
+@fused
+def _range_linear_two_widths(rows: torch.Tensor, levels: torch.Tensor, other_levels: torch.Tensor, key: torch.Tensor,
+                             other_key: torch.Tensor, *, stochastic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    lo, hi = _finite_bounds(rows.reshape(rows.shape[0], -1))
+    return (_grid(rows, lo, hi, levels, key, stochastic, None)[0],
+            _grid(rows, lo, hi, other_levels, other_key, stochastic, None)[0])
+
+
+def _in_lanes(rows: torch.Tensor, stochastic: bool, per_row: bool, *keys: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``rows`` ``(R, D)`` as ``(R, D / L, L)`` and each key as the key of each lane where the draws are taken in
+    lanes (:func:`~qtrain.quant.rounding.lane_count`); as they are otherwise. The draws are the same either way.
 
     Not where the grid has a parameter per row (``per_row``: a range per channel, bits per sample): Inductor's
     CPU code for those in lanes took 16-18 ms for 2M elements against 3.3 ms without (per-sample bits).
     """
     lanes = lane_count(rows.numel(), rows.shape[1]) if stochastic and not per_row else 1
-    return (rows.reshape(rows.shape[0], -1, lanes), lane_keys(key, lanes)) if lanes > 1 else (rows, key)
+    if lanes == 1:
+        return rows, *keys
+    return rows.reshape(rows.shape[0], -1, lanes), *(lane_keys(key, lanes) for key in keys)
 
 
 @fused
@@ -334,7 +344,7 @@ def range_linear(x: torch.Tensor, bits: Bits, lo: torch.Tensor, hi: torch.Tensor
     stochastic = _stochastic(rounding)
     rows = x.reshape(x.shape[0], -1) if isinstance(bits, torch.Tensor) else x.reshape(lo.shape[0], -1)
     per_row = isinstance(bits, torch.Tensor) or lo.shape[0] > 1
-    rows, key = _in_lanes(rows, key_for(stochastic, x.device), stochastic, per_row)
+    rows, key = _in_lanes(rows, stochastic, per_row, key_for(stochastic, x.device))
     return _range_linear(rows, lo, hi, _levels(bits, x), key, stochastic=stochastic, code_dtype=None)[0].view_as(x)
 
 
@@ -348,12 +358,31 @@ def _from_data(x: torch.Tensor, bits: Bits, granularity: Granularity, rounding: 
     levels = _levels(bits, x)
     if granularity != "sample_mean":  # range and grid in one kernel
         whole = isinstance(bits, torch.Tensor)  # per-sample rows, one range over all of them
-        rows, key = _in_lanes(rows, key_for(stochastic, x.device), stochastic, rows.shape[0] > 1)
+        rows, key = _in_lanes(rows, stochastic, rows.shape[0] > 1, key_for(stochastic, x.device))
         return _range_linear_from_data(rows, levels, key, whole=whole, stochastic=stochastic, code_dtype=dtype)
     lo, hi = _sample_mean_range(rows)
-    rows, key = _in_lanes(rows, key_for(stochastic, x.device), stochastic, isinstance(bits, torch.Tensor))
+    rows, key = _in_lanes(rows, stochastic, isinstance(bits, torch.Tensor), key_for(stochastic, x.device))
     out, *compact = _range_linear(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=dtype)
     return out, lo, hi, *compact
+
+
+def range_linear_two_widths(
+    x: torch.Tensor, bits: int, other_bits: int, granularity: Granularity, rounding: Rounding = "nearest"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``range_linear_from_data(x, bits, ...)[0]`` and ``range_linear_from_data(x, other_bits, ...)[0]``, the same
+    bits and draws (the first call's key drawn first), from one kernel that finds the range once and reads ``x``
+    once for both grids: SBM's FW-8/BW-16 bifurcation rounds each gradient at two widths. Granularity "tensor" or
+    "channel"."""
+    if granularity not in ("tensor", "channel"):
+        raise ValueError(f"two widths over one range take granularity 'tensor' or 'channel', not {granularity!r}")
+    stochastic = _stochastic(rounding)
+    rows = _rows(x, granularity)
+    if rows.numel() == 0:
+        return x.clone(), x.clone()
+    keys = [key_for(stochastic, x.device) for _ in range(2)]  # in the order of two calls
+    rows, *keys = _in_lanes(rows, stochastic, rows.shape[0] > 1, *keys)
+    out, other = _range_linear_two_widths(rows, _levels(bits, x), _levels(other_bits, x), *keys, stochastic=stochastic)
+    return out.view_as(x), other.view_as(x)
 
 
 def range_linear_from_data(

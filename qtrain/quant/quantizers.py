@@ -254,6 +254,18 @@ class RangeLinear(Quantizer):
         return f"bits={self.bits}, granularity={self.granularity}, rounding={self.rounding}"
 
 
+def quantize_twice(first: Quantizer, second: Quantizer, x: torch.Tensor,
+                   bits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``first(x, bits)`` and ``second(x)``, in that order: one kernel, one range pass, where both are range-linear
+    over ``x``'s own range at one width each (SBM's FW-8/BW-16 gradient bifurcation), the same bits and draws."""
+    shared = (bits is None and isinstance(first, RangeLinear) and isinstance(second, RangeLinear)
+              and first.momentum is None and second.momentum is None and first.granularity == second.granularity
+              and first.granularity in ("tensor", "channel") and first.rounding == second.rounding)
+    if not shared:
+        return first(x, bits), second(x)
+    return formats.range_linear_two_widths(x, first.bits, second.bits, first.granularity, first.rounding)
+
+
 class BlockFloatingPoint(Quantizer):
     fmt = "block-fp"
 
