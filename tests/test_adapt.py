@@ -27,7 +27,7 @@ from qtrain.methods.adapt_switching import (
     reference_search,
 )
 from qtrain.methods.diversity import DiversityWindow, gradient_diversity
-from qtrain.quant import formats
+from qtrain.quant import formats, rounding
 from qtrain.quant.rounding import draw_key
 from qtrain.run import run
 
@@ -538,3 +538,15 @@ def test_pushdown_rounds_only_the_candidates_its_bisection_visits(monkeypatch):
     chosen = pushdown(w, Format(8, 4), 150, 1e-3, search="range")
     # FL over 0..31 and WL over fl+1..32: at most 5 probes each, where rounding every candidate took 32 + 32 - fl
     assert rows == [1] * len(rows) and len(rows) <= 5 + math.ceil(math.log2(32 - chosen.fl))
+
+
+@pytest.mark.parametrize("numel", [64, 4096])  # without lanes and in lanes
+def test_candidates_broadcast_one_fl_over_several_wl_and_take_no_format(numel):
+    x = torch.randn(numel) * 4
+    key = rounding.key_for(True, x.device)
+    rows = formats.fixed_point_candidates(x, torch.tensor([8, 6, 4]), torch.tensor([2]), "stochastic", key=key)
+    assert rows.shape == (3, numel)
+    for row, wl in zip(rows, (8, 6, 4)):
+        assert torch.equal(row, formats.fixed_point(x, wl, 2, "stochastic", key=key))
+    none = formats.fixed_point_candidates(x, torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long))
+    assert none.shape == (0, numel)

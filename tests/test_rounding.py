@@ -72,6 +72,13 @@ def test_draws_in_lanes_are_the_draws_of_the_flat_indices(shape):
     assert torch.equal(by_lanes.reshape(-1), flat)
 
 
+def test_a_key_of_one_element_draws_as_the_0_d_key():
+    key = _key()
+    for shape in [(100,), (4, 16), (2, 1024)]:
+        assert torch.equal(hashed_uniform(torch.Size(shape), key.reshape(1), torch.device("cpu")),
+                           hashed_uniform(torch.Size(shape), key, torch.device("cpu")))
+
+
 @pytest.mark.parametrize("numel", [4096, 432, 27])
 def test_stochastic_fixed_point_rounds_each_element_with_its_flat_index_draw(numel):
     """Whether or not its draws are taken in lanes, element i rounds up iff uniform_at(i) < its fraction."""

@@ -56,8 +56,9 @@ class _GatedMerge(torch.autograd.Function):
     its gradient only where taken (docs/methods/dfq.md, "The gates' task gradient").
 
     The gradients of ``where(rows, out, out.detach()) * run_gates + where(rows, skip.detach(), skip) * skip_gates``
-    bit for bit, without the two whole-tensor ``where`` copies autograd would keep for backward: it keeps
-    ``out`` and ``skip``, which the block's last ReLU and the block before keep anyway.
+    bit for bit where ``out`` and ``skip`` have one shape (a block's output and its shortcut), without the two
+    whole-tensor ``where`` copies autograd would keep for backward: it keeps ``out`` and ``skip``, which the block's
+    last ReLU and the block before keep anyway.
     """
 
     @staticmethod

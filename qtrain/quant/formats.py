@@ -137,7 +137,7 @@ def fixed_point_candidates(
     else:
         flat = x.reshape(1, -1)
     out = _fixed_point_rows(flat, scale, bounds, key, stochastic=stochastic, clamp=True, mask=False)
-    return out.reshape(len(fl), -1)
+    return out.reshape(out.shape[0], x.numel())
 
 
 def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:

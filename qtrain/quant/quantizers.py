@@ -72,12 +72,12 @@ def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.T
     if dtype is None:
         return None
     fl = fl.to(device=out.device, dtype=torch.int32)
-    codes, nan_code = _encode(out, fl, code_dtype=dtype)
+    codes, nan_code = _encode_fixed(out, fl, code_dtype=dtype)
     return codes, scale_pow2(torch.ones((), device=out.device), -fl), nan_code
 
 
 @fused
-def _encode(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode_fixed(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     nan = out != out  # not isnan: Inductor's CPU code tests isnan one lane at a time
     lowest = torch.iinfo(code_dtype).min
     codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(code_dtype)
@@ -85,7 +85,7 @@ def _encode(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype) -> 
 
 
 @fused
-def _decode(codes: torch.Tensor, step: torch.Tensor, nan_code: torch.Tensor) -> torch.Tensor:
+def _decode_fixed(codes: torch.Tensor, step: torch.Tensor, nan_code: torch.Tensor) -> torch.Tensor:
     values = codes.float()
     return torch.where(values == nan_code, torch.nan, values * step)
 
@@ -95,7 +95,7 @@ def expand_codes(saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
     if saved[0].is_floating_point():
         return saved[0]
     codes, step, nan_code = saved[:3]
-    return _decode(codes, step, nan_code)
+    return _decode_fixed(codes, step, nan_code)
 
 
 class FixedPoint(Quantizer):
@@ -258,7 +258,7 @@ def quantize_twice(first: Quantizer, second: Quantizer, x: torch.Tensor,
                    bits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``first(x, bits)`` and ``second(x)``, in that order: one kernel, one range pass, where both are range-linear
     over ``x``'s own range at one width each (SBM's FW-8/BW-16 gradient bifurcation), the same bits and draws."""
-    shared = (bits is None and isinstance(first, RangeLinear) and isinstance(second, RangeLinear)
+    shared = (bits is None and type(first) is RangeLinear and type(second) is RangeLinear  # not a subclass's forward
               and first.momentum is None and second.momentum is None and first.granularity == second.granularity
               and first.granularity in ("tensor", "channel") and first.rounding == second.rounding)
     if not shared:

@@ -59,10 +59,11 @@ def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -
     is the lanes: the same draws. A row's index ``r * L`` has no bits below ``L`` (a power of two) and a
     lane's ``l`` none above, so ``(r * L + l) ^ key = (r * L) ^ (l ^ key)``, and the kernel reads the lanes'
     keys where it would otherwise build each element's index (Inductor's CPU code builds a vector of
-    indices per 16 elements, which cost half of a stochastic rounding's time).
+    indices per 16 elements, which cost half of a stochastic rounding's time). Lanes are at least
+    :data:`MIN_LANES` and the tensor below 2^31 elements; any other key (a ``(1,)`` one too) draws as a 0-d key.
     """
     numel = shape.numel()
-    if key.dim() == 1:
+    if key.dim() == 1 and len(shape) and key.numel() == shape[-1] >= MIN_LANES and numel < INT32_INDEX_LIMIT:
         lanes = shape[-1]
         rows = torch.arange(numel // lanes, device=device, dtype=torch.int32).reshape(*shape[:-1], 1)
         return uniform_at(rows * lanes, key)
