@@ -60,8 +60,8 @@ def _fixed_point_math(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor
     return out, ~((codes < bounds[0]) | (codes > bounds[1]))
 
 
-# Two kernels of one computation, so that neither recompiles for the other's shapes: a flat tensor (or its rows
-# of lanes) at one format, and a (1, n) (or (1, rows, lanes)) tensor at a column of formats (AdaPT's PushDown).
+# Two kernels of one computation, so that neither recompiles for the other's shapes: a (1, n) tensor (or
+# (1, rows, lanes), _in_lanes) at one format, and at a column of formats (AdaPT's PushDown).
 _fixed_point_flat = fused(_fixed_point_math)
 _fixed_point_rows = fused(_fixed_point_math)
 
@@ -70,8 +70,7 @@ def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key
                  clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`_fixed_point_math` on ``x`` flattened, in rows of lanes where it draws (the same element indices,
     so the same stochastic draws)."""
-    lanes = lane_count(x.numel()) if stochastic else 1
-    flat, key = (x.reshape(-1, lanes), lane_keys(key, lanes)) if lanes > 1 else (x.reshape(-1), key)
+    flat, key = _in_lanes(x.reshape(1, -1), stochastic, False, key)
     out = _fixed_point_flat(flat, scale, bounds, key, stochastic=stochastic, clamp=clamp, mask=mask)
     if mask:
         return out[0].view(x.shape), out[1].view(x.shape)
@@ -131,11 +130,9 @@ def fixed_point_candidates(
     scale = scale_pow2(torch.ones_like(fl, dtype=x.dtype), fl)
     bounds = torch.stack([-half, half - 1])
     key = key_for(stochastic, x.device) if key is None else key
-    lanes = lane_count(x.numel()) if stochastic else 1
-    if lanes > 1:  # x as (1, rows, lanes); each format's scale and bounds get a dimension to match
-        flat, key, scale, bounds = x.reshape(1, -1, lanes), lane_keys(key, lanes), scale[..., None], bounds[..., None]
-    else:
-        flat = x.reshape(1, -1)
+    flat, key = _in_lanes(x.reshape(1, -1), stochastic, False, key)
+    if flat.dim() == 3:  # in lanes: each format's scale and bounds get a dimension to match
+        scale, bounds = scale[..., None], bounds[..., None]
     out = _fixed_point_rows(flat, scale, bounds, key, stochastic=stochastic, clamp=True, mask=False)
     return out.reshape(out.shape[0], x.numel())
 
@@ -259,7 +256,7 @@ def _column(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return v if v.dim() == 0 else v.reshape(v.shape[0], *[1] * (rows.dim() - 1))
 
 
-def _grid(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor,
+def _grid(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *,
           stochastic: bool, code_dtype: torch.dtype | None) -> tuple[torch.Tensor, ...]:
     """The values of ``rows`` on their grids, and the codes (as ``(R, D)``) and steps where ``code_dtype`` asks."""
     lo = _column(lo, rows)
@@ -268,12 +265,7 @@ def _grid(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.
     return (out,) if code_dtype is None else (out, codes.to(code_dtype).reshape(rows.shape[0], -1), step.reshape(-1, 1))
 
 
-@fused
-def _range_linear(
-    rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, levels: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
-    code_dtype: torch.dtype | None,
-) -> tuple[torch.Tensor, ...]:
-    return _grid(rows, lo, hi, levels, key, stochastic, code_dtype)
+_range_linear = fused(_grid)  # the grid of given ranges, one kernel
 
 
 @fused
@@ -282,7 +274,7 @@ def _range_linear_from_data(
     code_dtype: torch.dtype | None,
 ) -> tuple[torch.Tensor, ...]:
     lo, hi = _finite_bounds(rows.reshape(1, -1) if whole else rows.reshape(rows.shape[0], -1))
-    out, *compact = _grid(rows, lo, hi, levels, key, stochastic, code_dtype)
+    out, *compact = _grid(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=code_dtype)
     return out, lo, hi, *compact
 
 
@@ -290,8 +282,8 @@ def _range_linear_from_data(
 def _range_linear_two_widths(rows: torch.Tensor, levels: torch.Tensor, other_levels: torch.Tensor, key: torch.Tensor,
                              other_key: torch.Tensor, *, stochastic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     lo, hi = _finite_bounds(rows.reshape(rows.shape[0], -1))
-    return (_grid(rows, lo, hi, levels, key, stochastic, None)[0],
-            _grid(rows, lo, hi, other_levels, other_key, stochastic, None)[0])
+    return (_grid(rows, lo, hi, levels, key, stochastic=stochastic, code_dtype=None)[0],
+            _grid(rows, lo, hi, other_levels, other_key, stochastic=stochastic, code_dtype=None)[0])
 
 
 def _in_lanes(rows: torch.Tensor, stochastic: bool, per_row: bool, *keys: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -343,8 +335,7 @@ def range_linear(x: torch.Tensor, bits: Bits, lo: torch.Tensor, hi: torch.Tensor
     """
     stochastic = _stochastic(rounding)
     rows = x.reshape(x.shape[0], -1) if isinstance(bits, torch.Tensor) else x.reshape(lo.shape[0], -1)
-    per_row = isinstance(bits, torch.Tensor) or lo.shape[0] > 1
-    rows, key = _in_lanes(rows, stochastic, per_row, key_for(stochastic, x.device))
+    rows, key = _in_lanes(rows, stochastic, rows.shape[0] > 1, key_for(stochastic, x.device))  # bits or range per row
     return _range_linear(rows, lo, hi, _levels(bits, x), key, stochastic=stochastic, code_dtype=None)[0].view_as(x)
 
 
