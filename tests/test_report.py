@@ -118,6 +118,16 @@ def test_status_of_runs_without_a_summary(tmp_path):
     assert frame.loc[1, "test_acc"] == pytest.approx(70.0) and frame.loc[1, "epochs"] == 2  # from metrics.csv
     table = summary_frame(frame.reset_index())
     assert set(table.status.iloc[0].split(", ")) == {"1 stopped", "1 running", "1 diverged"}
+    assert table.runs.iloc[0] == 3 and table.test_acc_mean.iloc[0] == pytest.approx(10.0)  # the finished run's alone
+
+
+def test_a_row_of_runs_in_progress_shows_their_last_epoch(tmp_path):
+    fake_run(tmp_path, "done", "sbm", [0.5], [1e9])
+    fake_run(tmp_path, "stopped", "sbm", [0.3], [1e9], status=None, seed=1)
+    fake_run(tmp_path, "pfq", "pfq", [0.2, 0.4], [1e9, 1e9], status=None)
+    table = summary_frame(run_frame(find_runs([tmp_path]))).set_index("method")
+    assert table.loc["sbm", "test_acc_mean"] == pytest.approx(50.0) and math.isnan(table.loc["sbm", "test_acc_std"])
+    assert table.loc["pfq", "test_acc_mean"] == pytest.approx(40.0) and table.loc["pfq", "status"] == "stopped"
 
 
 def test_a_run_in_progress_reads_its_config_resolved_as_a_finished_one(tmp_path):

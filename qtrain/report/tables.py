@@ -140,9 +140,22 @@ def _status(values: pd.Series) -> str:
     return counts.index[0] if len(counts) == 1 else ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
+FINISHED = ("completed", "diverged")
+
+
+def _finished_figures(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with the figures of unfinished runs blanked in every configuration that has a finished one, so a
+    row's means are its finished runs' (a run still training counts in its row's runs and status, not its figures)."""
+    finished = runs.status.isin(FINISHED)
+    others = runs.assign(_finished=finished).groupby(CONFIG_COLUMNS, sort=False, dropna=False)["_finished"]
+    kept = finished | ~others.transform("any")
+    return runs.assign(**{name: runs[name].where(kept) for name in FIGURES})
+
+
 def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, aggregate: str = "mean") -> pd.DataFrame:
     """``run_frame`` grouped by configuration: runs, status, epochs, each figure's mean and std over seeds and
-    folds (``aggregate="best"``: the best run's figures, std empty).
+    folds (``aggregate="best"``: the best run's figures, std empty). Where a configuration has finished runs
+    (completed or diverged), its figures are theirs alone; else those of its runs in progress (last epoch).
 
     ``baseline`` (``{"method": "sbm"}``, keys of the configuration columns) adds ``savings_mean``: 100·(1 − this
     row's effective MACs / the baseline row's) for the baseline row of the same model and data.
@@ -150,6 +163,7 @@ def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, ag
     if aggregate not in AGGREGATES:
         raise ReportError(f"--aggregate {aggregate} is not allowed (choose from: {', '.join(AGGREGATES)})")
     counts = runs.groupby(CONFIG_COLUMNS, sort=False, dropna=False).size()
+    runs = _finished_figures(runs)
     if aggregate == "best":
         runs = best_of(runs)
     grouped = runs.groupby(CONFIG_COLUMNS, sort=False, dropna=False)
