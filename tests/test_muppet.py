@@ -12,7 +12,7 @@ from qtrain.methods import StepInfo, build_method
 from qtrain.methods.diversity import DiversityWindow
 from qtrain.methods.muppet import DiversityPolicy, muppet_threshold, window_diversity
 from qtrain.quant import formats
-from qtrain.quant.quantizers import DynamicFixedPoint, FixedPoint
+from qtrain.quant.quantizers import DynamicFixedPoint, FixedPoint, fixed_codes
 from qtrain.run import run
 from qtrain.train import Trainer
 
@@ -33,7 +33,7 @@ from .test_run import TIMING
     ([7.5, 1.0], 4, 0),
 ])
 def test_dynamic_fixed_point_scale_matches_the_hand_computed_exponent(values, wl, fl):
-    assert int(formats.dynamic_fixed_point_fl(torch.tensor(values), wl)) == fl
+    assert int(formats.dynamic_fixed_point(torch.tensor(values), wl, "nearest")[1]) == fl
 
 
 def test_dynamic_fixed_point_rounds_on_the_scaled_grid():
@@ -251,6 +251,26 @@ def test_fixed_point_activations_are_saved_as_codes_and_come_back_exactly(quanti
     assert q.eval().compact(x)[1][0].is_floating_point()  # evaluation saves nothing for backward
     wide = FixedPoint(24, 8).train()
     assert wide.compact(x)[1][0].is_floating_point()  # beyond 16 bits codes would save nothing
+
+
+def test_dynamic_compact_equals_quantize_then_codes(device):
+    """compact's one kernel gives the tensor, scale and codes of quantizing and then encoding, draws included."""
+    q = DynamicFixedPoint(8).to(device).train()
+    x = 3 * torch.randn(4, 8, 5, 5, device=device)
+    x[0, 0, 0, :2] = torch.tensor([math.nan, math.inf])
+    torch.manual_seed(3)
+    out, saved = q.compact(x)
+    fl = q.fl.clone()
+    torch.manual_seed(3)
+    expected = q(x)
+    assert torch.equal(q.fl, fl) and torch.equal(out.isnan(), expected.isnan())
+    assert torch.equal(out.nan_to_num(0.0), expected.nan_to_num(0.0))
+    assert all(torch.equal(a, b) for a, b in zip(saved, fixed_codes(expected, fl, 8), strict=True))
+
+
+def test_dynamic_fixed_point_refuses_other_dtypes():
+    with pytest.raises(ValueError, match="float32 bits; got a torch.float64"):
+        formats.dynamic_fixed_point(torch.ones(3, dtype=torch.float64), 8)
 
 
 class _Tiny(torch.nn.Module):

@@ -20,6 +20,7 @@ from qtrain.config.methods import STATIC_BITS
 from qtrain.quant import formats
 from qtrain.quant.formats import Rounding
 from qtrain.quant.quantizers import Quantizer
+from qtrain.quant.rounding import fused, pow2_float64
 
 BLOCK = 4
 WEIGHT_DIMS = (0, 1)  # (C_out, C_in, ...): C_out x C_in blocks at each kernel position
@@ -46,9 +47,10 @@ def block_ranges(max_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return formats.block_exponent(max_abs) + 1, max_abs > 0
 
 
+@fused
 def sensitivity(square_sums: torch.Tensor, exponent: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
     """Eq. 1 from each block's sum of squared gradients: ``(2^e)^2 / 16 * sum_j g_j^2`` (float64), 0 for zero blocks."""
-    return torch.where(nonzero, torch.ldexp(square_sums.double(), 2 * exponent.double() - 4), 0.0)
+    return torch.where(nonzero, square_sums.double() * pow2_float64(2 * exponent - 4), 0.0)
 
 
 class BlockMapped(Quantizer):

@@ -12,6 +12,7 @@ Each takes ``rounding`` = "nearest" (half to even) or "stochastic" and runs as o
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -26,6 +27,7 @@ from qtrain.quant.rounding import (
     lane_count,
     lane_keys,
     pow2,
+    pow2_float64,
     round_codes,
     scale_pow2,
 )
@@ -137,49 +139,79 @@ def fixed_point_candidates(
     return out.reshape(out.shape[0], x.numel())
 
 
-def dynamic_fixed_point_fl(x: torch.Tensor, wl: int) -> torch.Tensor:
-    """MuPPET's scale exponent (AdaPT paper Sec. 2.2, describing MuPPET) as an int32 tensor.
+def _largest_scale(extreme: torch.Tensor, limit: float) -> torch.Tensor:
+    """The largest integer ``s`` with ``extreme * 2^s <= limit``, exactly, for float32 ``extreme > 0`` and ``limit > 0``.
 
-    ``s = floor(log2(min((UB + 0.5) / max X, (LB - 0.5) / min X)))`` with ``UB = 2^(wl-1) - 1`` and
-    ``LB = -2^(wl-1)``, over the finite values of ``x``: the largest power-of-two scale at which the
-    tensor's extremes still round inside the ``wl``-bit range. A term whose extreme has the wrong sign
-    (no positive or no negative values) does not bound it; a tensor of zeros gets ``s = 0``. ``s`` is
-    kept in [-126, 126] so that ``2^s`` is a normal float32. ``s`` is exact: no quotient is rounded
-    (:func:`_largest_scale` compares mantissas and subtracts exponents).
+    With ``extreme = m·2^e`` and ``limit = M·2^E`` (mantissas in [0.5, 1)): ``s = E - e``, less one where
+    ``m > M``. ``m`` and ``e`` are read from the float32 bits (a subnormal scaled by 2^64 first, exactly);
+    ``m·2^24`` is an integer, so ``m > M`` is ``m·2^24 > floor(M·2^24)``: no quotient is rounded.
     """
-    lo, hi = _fused_bounds(x.detach().reshape(1, -1))
+    subnormal = extreme < 2.0**-126
+    bits = torch.where(subnormal, extreme * 2.0**64, extreme).view(torch.int32)
+    exponent = (bits >> 23) - 126 - subnormal.to(torch.int32) * 64
+    significand = (bits & 0x7FFFFF) | 0x800000
+    limit_mantissa, limit_exponent = math.frexp(limit)
+    return limit_exponent - exponent - (significand > math.floor(limit_mantissa * 2**24)).to(torch.int32)
+
+
+def _dynamic_scale(lo: torch.Tensor, hi: torch.Tensor, wl: int) -> torch.Tensor:
+    """MuPPET's scale exponent from a tensor's finite min ``lo`` and max ``hi`` (:func:`dynamic_fixed_point`)."""
     half_range = 2.0 ** (wl - 1)
     upper = torch.where(hi > 0, _largest_scale(hi, half_range - 0.5), 127)
     lower = torch.where(lo < 0, _largest_scale(-lo, half_range + 0.5), 127)
-    fl = torch.minimum(upper, lower)
-    return torch.where((hi > 0) | (lo < 0), fl, 0).reshape(()).clamp(-126, 126).to(torch.int32)
+    return torch.where((hi > 0) | (lo < 0), torch.minimum(upper, lower), 0).clamp(-126, 126)
 
 
-def _largest_scale(extreme: torch.Tensor, limit: float) -> torch.Tensor:
-    """The largest integer ``s`` with ``extreme * 2^s <= limit``, exactly, for ``extreme > 0`` and ``limit > 0``.
+def _fixed_codes(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``out`` on the grid 2^-fl as integer codes, the step, and the code that stands for NaN
+    (:func:`qtrain.quant.quantizers.fixed_codes` says how a NaN is saved)."""
+    nan = out != out  # not isnan: Inductor's CPU code tests isnan one lane at a time
+    lowest = torch.iinfo(code_dtype).min
+    codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(code_dtype)
+    step = scale_pow2(torch.ones((), dtype=out.dtype, device=out.device), -fl)
+    return codes, step, torch.where(nan.any(), lowest, torch.inf)  # float: a 0-dim int would take the codes' dtype
 
-    With ``extreme = m·2^e`` and ``limit = M·2^E`` (mantissas in [0.5, 1)): ``s = E - e``, less one where
-    ``m > M``. float64 holds ``limit`` (up to 2^52 + 0.5) and any float32 ``extreme`` exactly.
+
+fixed_point_codes = fused(_fixed_codes)
+
+
+@fused
+def _dynamic_fixed_point(rows: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, wl: int, stochastic: bool,
+                         code_dtype: torch.dtype | None) -> tuple[torch.Tensor, ...]:
+    """One kernel: the range, the scale, the rounding and (with ``code_dtype``) the codes of MuPPET's dynamic fixed point."""
+    lo, hi = _finite_bounds(rows.reshape(1, -1))
+    fl = _dynamic_scale(lo.reshape(()), hi.reshape(()), wl)
+    scale = scale_pow2(torch.ones((), dtype=rows.dtype, device=rows.device), fl)
+    out = _fixed_point_math(rows, scale, bounds, key, stochastic=stochastic, clamp=True, mask=False)
+    return (out, fl) if code_dtype is None else (out, fl, *_fixed_codes(out, fl, code_dtype=code_dtype))
+
+
+def dynamic_fixed_point(x: torch.Tensor, wl: int, rounding: Rounding = "stochastic",
+                        code_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+    """MuPPET's dynamic fixed point: <``wl``, s> with the scale exponent ``s`` found from ``x`` itself.
+
+    ``s = floor(log2(min((UB + 0.5) / max X, (LB - 0.5) / min X)))`` (AdaPT paper Sec. 2.2, describing
+    MuPPET) with ``UB = 2^(wl-1) - 1`` and ``LB = -2^(wl-1)``, over the finite values of ``x``: the
+    largest power-of-two scale at which the tensor's extremes still round inside the ``wl``-bit range.
+    A term whose extreme has the wrong sign (no positive or no negative values) does not bound it; a
+    tensor of zeros gets ``s = 0``. ``s`` is kept in [-126, 126] so that ``2^s`` is a normal float32,
+    and it is exact: no quotient is rounded (:func:`_largest_scale`). MuPPET's
+    ``round(x * 2^s + U(-0.5, 0.5))`` is stochastic rounding (up with probability equal to the
+    fraction), clamped to the ``wl``-bit range.
+
+    Returns the float32 tensor and ``s`` (an int32 0-d tensor), and with ``code_dtype`` also its codes
+    (:func:`fixed_point_codes`): the range, the scale, the rounding and the codes are one kernel.
     """
-    mantissa, exponent = torch.frexp(extreme.double())
-    limit_mantissa, limit_exponent = math.frexp(limit)
-    return limit_exponent - exponent - (mantissa > limit_mantissa).to(exponent.dtype)
-
-
-def dynamic_fixed_point(x: torch.Tensor, wl: int, rounding: Rounding = "stochastic") -> tuple[torch.Tensor, torch.Tensor]:
-    """Fixed point <``wl``, s> with ``s`` from :func:`dynamic_fixed_point_fl` (MuPPET); returns the tensor and ``s``.
-
-    MuPPET's ``round(x * 2^s + U(-0.5, 0.5))`` is stochastic rounding (up with probability equal to
-    the fraction), clamped to the ``wl``-bit range.
-    """
-    if x.numel() == 0:
-        return x.clone(), torch.zeros((), dtype=torch.int32, device=x.device)
+    if x.dtype != torch.float32:
+        raise ValueError(f"dynamic fixed point reads float32 bits; got a {x.dtype} tensor")
     stochastic = _stochastic(rounding)
-    fl = dynamic_fixed_point_fl(x, wl)
-    scale = scale_pow2(torch.ones((), dtype=x.dtype, device=x.device), fl)
+    if x.numel() == 0:
+        fl = torch.zeros((), dtype=torch.int32, device=x.device)
+        return (x.clone(), fl) if code_dtype is None else (x.clone(), fl, *_fixed_codes(x, fl, code_dtype=code_dtype))
     bounds = device_constant((-(2.0 ** (wl - 1)), 2.0 ** (wl - 1) - 1), x.dtype, x.device)
-    out = _fixed_point(x, scale, bounds, key_for(stochastic, x.device), stochastic=stochastic, clamp=True, mask=False)
-    return out, fl
+    rows, key = _in_lanes(x.reshape(1, -1), stochastic, False, key_for(stochastic, x.device))
+    out, fl, *codes = _dynamic_fixed_point(rows, bounds, key, wl=wl, stochastic=stochastic, code_dtype=code_dtype)
+    return out.view(x.shape), fl, *([codes[0].view(x.shape), *codes[1:]] if codes else [])
 
 
 def _rows(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
@@ -598,14 +630,28 @@ def tile_floating_point(
     return back(out), found.reshape(-1)
 
 
-@fused
-def _largest_finite_exponent(x: torch.Tensor) -> torch.Tensor:
-    return block_exponent(torch.where(x.abs() < math.inf, x.abs(), 0.0).amax())
+def _finite_squares(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The squares of ``x``'s finite elements (0 elsewhere) taken in float32 after scaling by 2^-k, and k: the power
+    of two that brings the largest finite magnitude to [1, 2)."""
+    finite = x.abs() < math.inf
+    k = block_exponent(torch.where(finite, x.abs(), 0.0).amax())
+    return scale_pow2(torch.where(finite, x, 0.0), -k).square(), k
+
+
+_fused_finite_squares = fused(_finite_squares)
 
 
 @fused
-def _scaled_squares(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    return scale_pow2(torch.where(x.abs() < math.inf, x, 0.0), -k).square()
+def _square_sums_by_rows(view: torch.Tensor) -> torch.Tensor:
+    """Each tile's sum of squares (:func:`tile_square_sums`): float64, each tile row left to right, then the rows
+    top to bottom. That is the order torch's CPU sum over a tile view's two dimensions takes where the view
+    has more than one tile across (a test holds it to torch's sum), so the compiled kernel gives the sums
+    that an eager ``sum(dim=TILE_DIMS, dtype=float64)`` gives, bit for bit."""
+    squares, k = _finite_squares(view)
+    squares = squares.double()
+    block = view.shape[1]
+    rows = [functools.reduce(torch.add, [squares[:, i, :, j] for j in range(block)]) for i in range(block)]
+    return functools.reduce(torch.add, rows) * pow2_float64(2 * k)
 
 
 def tile_square_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)) -> torch.Tensor:
@@ -613,12 +659,15 @@ def tile_square_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)
 
     The squares are taken in float32 after scaling the tensor by a power of two that brings its largest
     magnitude to [1, 2), so tiny gradients do not underflow and large ones do not overflow, and summed
-    in float64, outside the compiled kernels (so compiled and eager runs sum in the same order).
+    in float64 in one fixed order (:func:`_square_sums_by_rows`), in compiled and eager runs alike. With one
+    tile across, torch's sum reads a tile's two dimensions as one and sums them in an order of its own, which
+    DYNASTY's results so far were computed with: that case keeps it.
     """
     view = tile_view(x, block, dims)[0]
-    k = _largest_finite_exponent(view)
-    sums = _scaled_squares(view, k).sum(dim=TILE_DIMS, dtype=torch.float64)
-    return torch.ldexp(sums.reshape(-1), 2 * k.double())
+    if view.shape[2] > 1:
+        return _square_sums_by_rows(view).reshape(-1)
+    squares, k = _fused_finite_squares(view)
+    return torch.ldexp(squares.sum(dim=TILE_DIMS, dtype=torch.float64).reshape(-1), 2 * k.double())
 
 
 @fused

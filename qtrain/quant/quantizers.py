@@ -15,7 +15,7 @@ from torch import nn
 
 from qtrain.quant import formats
 from qtrain.quant.formats import Granularity, Rounding
-from qtrain.quant.rounding import device_constant, fused, scale_pow2
+from qtrain.quant.rounding import device_constant, fused
 
 
 class Quantizer(nn.Module):
@@ -58,30 +58,25 @@ class Quantizer(nn.Module):
         return grad
 
 
+def fixed_code_dtype(bits: int) -> torch.dtype | None:
+    """The integer dtype of a ``bits``-bit fixed-point grid's saved codes: 1 byte up to 8 bits, 2 up to 16, else None."""
+    return torch.int8 if bits <= 8 else torch.int16 if bits <= 16 else None
+
+
 def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...] | None:
-    """What backward saves of a tensor on the fixed-point grid <bits, fl>: its integer codes (1 byte up to
-    8 bits, 2 up to 16), the step ``2^-fl``, which give it back exactly, and the code that stands for NaN;
-    None where codes save nothing (over 16 bits).
+    """What backward saves of a tensor on the fixed-point grid <bits, fl>: its integer codes
+    (:func:`fixed_code_dtype`), the step ``2^-fl``, which give it back exactly, and the code that stands for
+    NaN; None where codes save nothing (over 16 bits).
 
     A NaN is saved as the dtype's lowest code, and the third tensor holds that code where ``out`` has a NaN,
     else infinity, which no code equals: decided on the device, without reading anything back to the host. Below
     8 (16) bits the lowest code is off the grid; at exactly 8 (16) bits it is also the grid's lowest value
     (``-2^(bits-1)`` steps), which comes back as NaN too where the tensor holds a NaN (its loss is NaN then).
     """
-    dtype = torch.int8 if bits <= 8 else torch.int16 if bits <= 16 else None
+    dtype = fixed_code_dtype(bits)
     if dtype is None:
         return None
-    fl = fl.to(device=out.device, dtype=torch.int32)
-    codes, nan_code = _encode_fixed(out, fl, code_dtype=dtype)
-    return codes, scale_pow2(torch.ones((), device=out.device), -fl), nan_code
-
-
-@fused
-def _encode_fixed(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    nan = out != out  # not isnan: Inductor's CPU code tests isnan one lane at a time
-    lowest = torch.iinfo(code_dtype).min
-    codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(code_dtype)
-    return codes, torch.where(nan.any(), lowest, torch.inf)  # float: a 0-dim int would take the codes' dtype
+    return formats.fixed_point_codes(out, fl.to(device=out.device, dtype=torch.int32), code_dtype=dtype)
 
 
 @fused
@@ -173,10 +168,14 @@ class DynamicFixedPoint(Quantizer):
         return out
 
     def compact(self, x: torch.Tensor, bits: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """In training, saves integer codes up to 16 bits and the tensor's step instead of float32 values."""
-        out, saved = super().compact(x, bits)
-        codes = fixed_codes(out, self.fl, self.bits) if self.training else None
-        return out, codes if codes is not None else saved
+        """In training, saves integer codes up to 16 bits and the tensor's step instead of float32 values
+        (made in the kernel that quantizes)."""
+        code_dtype = fixed_code_dtype(self.bits) if self.training else None
+        if bits is not None or code_dtype is None:
+            return super().compact(x, bits)
+        out, fl, *codes = formats.dynamic_fixed_point(x, self.bits, self.rounding, code_dtype)
+        self.fl.copy_(fl)
+        return out, tuple(codes)
 
     def expand(self, saved: tuple[torch.Tensor, ...], shape: torch.Size) -> torch.Tensor:
         return expand_codes(saved)

@@ -125,6 +125,11 @@ def pow2(k: torch.Tensor) -> torch.Tensor:
     return ((k + 127) << 23).view(torch.float32)
 
 
+def pow2_float64(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float64 for integer ``k`` in [-1022, 1023], built from its exponent bits (exact on every device)."""
+    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def scale_pow2(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """``x * 2^k`` for int32 ``k`` in [-252, 252], exact wherever the result is: two power-of-two steps.
 
