@@ -130,10 +130,12 @@ def test_eq1_sensitivity_by_hand():
     assert formats.tile_square_sums(grad * 1e-30, 4).tolist() == pytest.approx([5e-60, 400e-60], rel=1e-6)
 
 
-@pytest.mark.parametrize("shape,dims", [((16, 16, 3, 3), (0, 1)), ((10, 64), (0, 1)), ((128, 16, 8, 8), (0, 1)),
-                                        ((7, 9, 5), (0, 1)), ((5, 9, 2, 2), (1, 2)), ((16, 3, 3, 3), (0, 1))])
+@pytest.mark.parametrize("shape,dims,block", [((16, 16, 3, 3), (0, 1), 4), ((10, 64), (0, 1), 4),
+                                              ((128, 16, 8, 8), (0, 1), 4), ((7, 9, 5), (0, 1), 4),
+                                              ((5, 9, 2, 2), (1, 2), 4), ((16, 3, 3, 3), (0, 1), 4),
+                                              ((64, 64, 3, 3), (0, 1), 2), ((64, 64, 3, 3), (0, 1), 8)])
 @pytest.mark.parametrize("fused", [False, True])
-def test_tile_square_sums_equal_torchs_float64_sum_bit_for_bit(shape, dims, fused):
+def test_tile_square_sums_equal_torchs_float64_sum_bit_for_bit(shape, dims, block, fused):
     """The fixed summation order gives torch's own float64 sum over the tiles (the sums DYNASTY's runs so far
     were made with) on data whose squares span 2^160, so that any other order shows in the last bits."""
     from qtrain.quant import rounding
@@ -141,14 +143,14 @@ def test_tile_square_sums_equal_torchs_float64_sum_bit_for_bit(shape, dims, fuse
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-40, 40, shape, generator=gen).float())
     x.view(-1)[:3] = torch.tensor([math.nan, math.inf, 0.0])
-    view = formats.tile_view(x, 4, dims)[0]
+    view = formats.tile_view(x, block, dims)[0]
     finite = torch.where(view.abs() < math.inf, view, 0.0)
     k = torch.frexp(finite.abs().amax()).exponent - 1
     squares = (finite * 2.0 ** -k.item()).square()  # exact scaling by a power of two, squares rounded in float32
     expected = squares.sum(dim=(1, 3), dtype=torch.float64).reshape(-1) * 2.0 ** (2 * k.item())
     rounding.set_fused(fused)
     try:
-        assert torch.equal(formats.tile_square_sums(x, 4, dims), expected)
+        assert torch.equal(formats.tile_square_sums(x, block, dims), expected)
     finally:
         rounding.set_fused(True)
 

@@ -319,16 +319,18 @@ def _range_linear_two_widths(rows: torch.Tensor, levels: torch.Tensor, other_lev
 
 
 def _in_lanes(rows: torch.Tensor, stochastic: bool, per_row: bool, *keys: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``rows`` ``(R, D)`` as ``(R, D / L, L)`` and each key as the key of each lane where the draws are taken in
-    lanes (:func:`~qtrain.quant.rounding.lane_count`); as they are otherwise. The draws are the same either way.
+    """``rows`` ``(R, D)`` as ``(R, D / L, L)`` where it can be read in lanes (:func:`~qtrain.quant.rounding.lane_count`),
+    each key then made the key of each lane where the rounding draws; as they are otherwise. The draws are the same
+    either way. Nearest rounding takes lanes too: Inductor's CPU code runs a ``(1, D)`` kernel that also reduces
+    on one thread, and spreads rows of lanes over the threads.
 
     Not where the grid has a parameter per row (``per_row``: a range per channel, bits per sample): Inductor's
     CPU code for those in lanes took 16-18 ms for 2M elements against 3.3 ms without (per-sample bits).
     """
-    lanes = lane_count(rows.numel(), rows.shape[1]) if stochastic and not per_row else 1
+    lanes = lane_count(rows.numel(), rows.shape[1]) if not per_row else 1
     if lanes == 1:
         return rows, *keys
-    return rows.reshape(rows.shape[0], -1, lanes), *(lane_keys(key, lanes) for key in keys)
+    return rows.reshape(rows.shape[0], -1, lanes), *(lane_keys(key, lanes) if stochastic else key for key in keys)
 
 
 @fused
@@ -645,8 +647,8 @@ _fused_finite_squares = fused(_finite_squares)
 def _square_sums_by_rows(view: torch.Tensor) -> torch.Tensor:
     """Each tile's sum of squares (:func:`tile_square_sums`): float64, each tile row left to right, then the rows
     top to bottom. That is the order torch's CPU sum over a tile view's two dimensions takes where the view
-    has more than one tile across (a test holds it to torch's sum), so the compiled kernel gives the sums
-    that an eager ``sum(dim=TILE_DIMS, dtype=float64)`` gives, bit for bit."""
+    has more than one tile across and tiles of at most 4 x 4 (a test holds it to torch's sum), so the compiled
+    kernel gives the sums that an eager ``sum(dim=TILE_DIMS, dtype=float64)`` gave before it, bit for bit."""
     squares, k = _finite_squares(view)
     squares = squares.double()
     block = view.shape[1]
@@ -660,11 +662,12 @@ def tile_square_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)
     The squares are taken in float32 after scaling the tensor by a power of two that brings its largest
     magnitude to [1, 2), so tiny gradients do not underflow and large ones do not overflow, and summed
     in float64 in one fixed order (:func:`_square_sums_by_rows`), in compiled and eager runs alike. With one
-    tile across, torch's sum reads a tile's two dimensions as one and sums them in an order of its own, which
-    DYNASTY's results so far were computed with: that case keeps it.
+    tile across, torch's sum reads a tile's two dimensions as one and sums them in an order of its own, as it
+    does for tiles wider than 4 (it groups longer rows otherwise), and DYNASTY's results so far were computed
+    with it: those cases keep it.
     """
     view = tile_view(x, block, dims)[0]
-    if view.shape[2] > 1:
+    if view.shape[2] > 1 and block <= 4:
         return _square_sums_by_rows(view).reshape(-1)
     squares, k = _fused_finite_squares(view)
     return torch.ldexp(squares.sum(dim=TILE_DIMS, dtype=torch.float64).reshape(-1), 2 * k.double())

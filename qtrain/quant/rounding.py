@@ -72,8 +72,8 @@ def hashed_uniform(shape: torch.Size, key: torch.Tensor, device: torch.device) -
 
 
 def lane_count(numel: int, row_length: int | None = None) -> int:
-    """How many lanes the draws of a tensor of ``numel`` elements, in rows of ``row_length`` (all of them where
-    None), are taken in: the row's largest power-of-two divisor up to :data:`MAX_LANES`, or 1 (no lanes: each
+    """How many lanes a tensor of ``numel`` elements, in rows of ``row_length`` (all of them where None), is read
+    in (and its draws taken in): the row's largest power-of-two divisor up to :data:`MAX_LANES`, or 1 (no lanes: each
     element's index is built in the kernel) where that is below :data:`MIN_LANES` or the tensor needs 64-bit
     indices."""
     lanes = math.gcd(numel if row_length is None else row_length, MAX_LANES)
