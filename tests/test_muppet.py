@@ -268,6 +268,25 @@ def test_dynamic_compact_equals_quantize_then_codes(device):
     assert all(torch.equal(a, b) for a, b in zip(saved, fixed_codes(expected, fl, 8), strict=True))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_values_beyond_float32_on_the_grid_come_back_as_saved(fused):
+    """At float32's largest magnitudes the scale puts the grid's top codes past float32: the largest value rounds
+    to +inf, and its saved code must decode to +inf again in the eager and the compiled kernel alike."""
+    from qtrain.quant import rounding
+
+    big = torch.finfo(torch.float32).max
+    rounding.set_fused(fused)
+    try:
+        q = DynamicFixedPoint(8, "nearest").train()
+        out, saved = q.compact(torch.tensor([big, 1.0, -2.0]))
+        assert q.fl.item() == -122 and out[0] == math.inf  # big * 2^-122 rounds to the code 64: 2^128
+        assert torch.equal(q.expand(saved, out.shape), out)
+        out, saved = q.compact(torch.tensor([-big, 1.0]))
+        assert out[0] == -math.inf and torch.equal(q.expand(saved, out.shape), out)
+    finally:
+        rounding.set_fused(True)
+
+
 def test_dynamic_fixed_point_refuses_other_dtypes():
     with pytest.raises(ValueError, match="float32 bits; got a torch.float64"):
         formats.dynamic_fixed_point(torch.ones(3, dtype=torch.float64), 8)

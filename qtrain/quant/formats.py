@@ -166,8 +166,10 @@ def _fixed_codes(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype
     """``out`` on the grid 2^-fl as integer codes, the step, and the code that stands for NaN
     (:func:`qtrain.quant.quantizers.fixed_codes` says how a NaN is saved)."""
     nan = out != out  # not isnan: Inductor's CPU code tests isnan one lane at a time
-    lowest = torch.iinfo(code_dtype).min
-    codes = torch.where(nan, lowest, scale_pow2(out, fl)).to(code_dtype)
+    lowest, highest = torch.iinfo(code_dtype).min, torch.iinfo(code_dtype).max
+    # a grid whose top codes lie beyond float32 rounds the largest values to ±inf: clamped, their codes decode to
+    # ±inf again (an infinity's conversion to an integer is undefined, and eager and compiled code differed there)
+    codes = torch.where(nan, lowest, scale_pow2(out, fl).clamp(lowest, highest)).to(code_dtype)
     step = scale_pow2(torch.ones((), dtype=out.dtype, device=out.device), -fl)
     return codes, step, torch.where(nan.any(), lowest, torch.inf)  # float: a 0-dim int would take the codes' dtype
 
