@@ -1,7 +1,8 @@
 """Number formats as pure tensor functions (the grids, rounding and their checks: docs/formats.md).
 
 - fixed point <WL, FL> (QPyTorch's grid), with or without clamping or with the clamped elements' mask for
-  a straight-through estimator; MuPPET's dynamic fixed point (a power-of-two scale per tensor);
+  a straight-through estimator; MuPPET's dynamic fixed point (a power-of-two scale per tensor); integer codes
+  of a fixed-point tensor and their decoding for saved activations;
 - range-linear (SBM): 2^b levels from lo to hi, per tensor, per output channel or the mean of per-sample
   ranges; integer codes and their decoding for saved activations;
 - block floating point: one power-of-two exponent per block (tensor, k x k tiles, or one dimension's index);
@@ -70,8 +71,8 @@ _fixed_point_rows = fused(_fixed_point_math)
 
 def _fixed_point(x: torch.Tensor, scale: torch.Tensor, bounds: torch.Tensor, key: torch.Tensor, *, stochastic: bool,
                  clamp: bool, mask: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_fixed_point_math` on ``x`` flattened, in rows of lanes where it draws (the same element indices,
-    so the same stochastic draws)."""
+    """:func:`_fixed_point_math` on ``x`` flattened, in rows of lanes where it can be (:func:`_in_lanes`: the same
+    element indices, so the same stochastic draws)."""
     flat, key = _in_lanes(x.reshape(1, -1), stochastic, False, key)
     out = _fixed_point_flat(flat, scale, bounds, key, stochastic=stochastic, clamp=clamp, mask=mask)
     if mask:
@@ -175,6 +176,13 @@ def _fixed_codes(out: torch.Tensor, fl: torch.Tensor, *, code_dtype: torch.dtype
 
 
 fixed_point_codes = fused(_fixed_codes)
+
+
+@fused
+def decode_fixed_point_codes(codes: torch.Tensor, step: torch.Tensor, nan_code: torch.Tensor) -> torch.Tensor:
+    """The float32 tensor :func:`fixed_point_codes` encoded, exactly (NaN where a code equals ``nan_code``)."""
+    values = codes.float()
+    return torch.where(values == nan_code, torch.nan, values * step)
 
 
 @fused
@@ -672,7 +680,7 @@ def tile_square_sums(x: torch.Tensor, block: int, dims: tuple[int, int] = (0, 1)
     if view.shape[2] > 1 and block <= 4:
         return _square_sums_by_rows(view).reshape(-1)
     squares, k = _fused_finite_squares(view)
-    return torch.ldexp(squares.sum(dim=TILE_DIMS, dtype=torch.float64).reshape(-1), 2 * k.double())
+    return squares.sum(dim=TILE_DIMS, dtype=torch.float64).reshape(-1) * pow2_float64(2 * k)
 
 
 @fused

@@ -15,7 +15,7 @@ from torch import nn
 
 from qtrain.quant import formats
 from qtrain.quant.formats import Granularity, Rounding
-from qtrain.quant.rounding import device_constant, fused
+from qtrain.quant.rounding import device_constant
 
 
 class Quantizer(nn.Module):
@@ -79,18 +79,12 @@ def fixed_codes(out: torch.Tensor, fl: torch.Tensor, bits: int) -> tuple[torch.T
     return formats.fixed_point_codes(out, fl.to(device=out.device, dtype=torch.int32), code_dtype=dtype)
 
 
-@fused
-def _decode_fixed(codes: torch.Tensor, step: torch.Tensor, nan_code: torch.Tensor) -> torch.Tensor:
-    values = codes.float()
-    return torch.where(values == nan_code, torch.nan, values * step)
-
-
 def expand_codes(saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The tensor :func:`fixed_codes` saved (a float tensor saved as itself comes back as it is)."""
     if saved[0].is_floating_point():
         return saved[0]
     codes, step, nan_code = saved[:3]
-    return _decode_fixed(codes, step, nan_code)
+    return formats.decode_fixed_point_codes(codes, step, nan_code)
 
 
 class FixedPoint(Quantizer):
