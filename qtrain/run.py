@@ -31,6 +31,7 @@ from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers
 from qtrain.data import DATASETS, data_task, load_data
 from qtrain.data.base import Periods, Stream
 from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
+from qtrain.launch import keep_freed_memory
 from qtrain.methods import Method, RunFacts, build_method
 from qtrain.models import build_model, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
@@ -242,6 +243,7 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     ``overrides`` (the command line's) are written to ``.hydra/overrides.yaml`` beside the config.
     """
     plan = preflight(cfg, run_dir)
+    keep_freed_memory()
     distributed.setup(plan.device)
     files = RunFiles(run_dir)
     if not distributed.is_writer():

@@ -7,7 +7,8 @@ Prints, for ResNet-20 on 32x32x3 inputs, batch 128 (``--model transformer``: the
 sequences of 64 tokens of WikiText-2's 33,278-word vocabulary, batch 16 sequences), on the CPU (``--device cuda``: on
 the GPU, each step's time read after a synchronize, and its memory as the allocator's peak above what it held at rest):
 - the median time of one training step (forward, backward, optimizer) of each method divided by float32's;
-  the methods take turns over ``--rounds`` rounds and each keeps the median of its rounds;
+  the methods take turns over ``--rounds`` rounds and each keeps the median of its rounds; as in a run, glibc
+  keeps freed tensors for reuse (qtrain.launch.keep_freed_memory), so the timed steps take no page faults;
 - the peak memory of a training step (the process's high-water mark above its resident size at
   rest after three warm-up steps, measured in a separate process whose allocator returns freed
   tensors to the OS) divided by float32's;
@@ -123,11 +124,14 @@ def _workload(model_name: str, batch: int) -> tuple[torch.nn.Module, torch.Tenso
     return model, torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)), 50_000
 
 
-def one_method(name: str, steps: int, batch: int, model_name: str, device: torch.device) -> dict:
-    """Time ``steps`` training steps of ``name`` after 3 warm-up steps; runs in its own process."""
+def one_method(name: str, steps: int, batch: int, model_name: str, device: torch.device, memory: bool = False) -> dict:
+    """Time ``steps`` training steps of ``name`` after 3 warm-up steps; runs in its own process. ``memory``: the
+    process measures the peak memory (glibc returns freed tensors to the OS) rather than the time (it keeps them, as
+    a run does)."""
     from hydra import compose, initialize_config_dir
 
     from qtrain.cost import CostMeter
+    from qtrain.launch import keep_freed_memory
     from qtrain.methods import RunFacts, StepInfo, build_method
     from qtrain.methods.adapt_switching import Format
     from qtrain.resources import conf_dir
@@ -143,6 +147,8 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
         _draw_trained_shares()
     torch.manual_seed(0)
     float32_kernels()  # the kernels a run takes
+    if not memory:
+        keep_freed_memory()  # as a run does: no page faults in the timed steps
     method = build_method(cfg.method)
     model, x, y, samples_per_epoch = _workload(model_name, batch)
     model, x, y = method.prepare(model.to(device)).to(device), x.to(device), y.to(device)
@@ -227,9 +233,12 @@ def rounding_ratios(device: torch.device, qtorch: bool) -> dict:
     return _alternating_medians(fns, repeats=10 if "qtorch_sr_ms" in fns else 30)
 
 
-def _child(name: str, steps: int, batch: int, model: str, device: str, env: dict) -> dict:
+def _child(name: str, steps: int, batch: int, model: str, device: str, memory: bool = False) -> dict:
+    # For memory, a fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the
+    # resident size follows the live tensors and its high-water mark is the step's peak.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"} if memory else os.environ
     command = [sys.executable, __file__, "--one", name, "--steps", str(steps), "--batch", str(batch), "--model", model,
-               "--device", device]
+               "--device", device, *(["--memory"] if memory else [])]
     proc = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -247,6 +256,7 @@ def main() -> None:
     parser.add_argument("--no-qtorch", dest="qtorch", action="store_false",
                         help="leave qtorch's stochastic rounding out of the comparison (its first import compiles it)")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
@@ -254,7 +264,7 @@ def main() -> None:
     transformer = args.model == "transformer"
     batch = args.batch or (16 if transformer else 128)
     if args.one:
-        print(json.dumps(one_method(args.one, args.steps, batch, args.model, device)))
+        print(json.dumps(one_method(args.one, args.steps, batch, args.model, device, args.memory)))
         return
     applicable = TRANSFORMER_METHODS if transformer else METHODS
     refused = sorted(set(args.methods or ()) - set(applicable))
@@ -271,16 +281,13 @@ def main() -> None:
             if name in SLOW and round_:
                 continue  # the reference's K-fold execution: one short round tells its ratio
             steps = min(args.steps, 5) if name in SLOW else args.steps
-            last[name] = _child(name, steps, batch, args.model, args.device, os.environ)
+            last[name] = _child(name, steps, batch, args.model, args.device)
             times[name].append(last[name]["step_s"])
     results = {}
     for name in methods:
-        # On the CPU a fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so
-        # the resident size follows the live tensors and its high-water mark is the step's peak. It slows
-        # allocation down, so memory is measured in a process of its own, not while timing. CUDA's allocator
-        # counts its own peak: the timing run's figure is the one.
-        measured = last[name] if device.type == "cuda" else _child(
-            name, 3, batch, args.model, args.device, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+        # On the CPU memory is measured in a process of its own (_child), whose allocation is slower; CUDA's
+        # allocator counts its own peak: the timing run's figure is the one.
+        measured = last[name] if device.type == "cuda" else _child(name, 3, batch, args.model, args.device, memory=True)
         results[name] = {"step_s": statistics.median(times[name]), "peak_mb": measured["peak_mb"],
                          "cost_percent": measured["cost_percent"], "switch_s": measured["switch_s"]}
     base = results["float32"]
