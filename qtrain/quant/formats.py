@@ -732,8 +732,17 @@ def float_grid(x: torch.Tensor, key: torch.Tensor, *, man: int, emin: int, emax:
     # floor(log2|x|) from the exponent bits; float32 subnormals (bits 0 -> -127) lie below every
     # format's smallest normal exponent, where the step stays fixed
     e = (((x.view(torch.int32) >> 23) & 0xFF) - 127).clamp(emin, emax)
-    codes = round_codes(scale_pow2(x, man - e), key, stochastic=stochastic)
-    out = torch.copysign(scale_pow2(codes, e - man), x)  # a negative value rounded to zero is -0
+    # Where both shifts stay within float32's normal exponents (every format but the widest IEEE ones), one
+    # multiplication by 2^(man - e) or 2^(e - man) gives scale_pow2's result at half its work: x * 2^(man - e)
+    # is exact (at least 2^man for x at or above 2^emin, a shift up below it) or overflows in both; a nonzero
+    # code times 2^(e - man) is at least 2^(emin - man), a normal float32.
+    narrow = max(man - emin, emax - man) <= 126
+
+    def shift(t: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return t * pow2(k) if narrow else scale_pow2(t, k)
+
+    codes = round_codes(shift(x, man - e), key, stochastic=stochastic)
+    out = torch.copysign(shift(codes, e - man), x)  # a negative value rounded to zero is -0
     too_large = out.abs() > largest
     if overflow == "inf":
         return torch.where(too_large, torch.where(x < 0, -math.inf, math.inf), out)
