@@ -179,8 +179,8 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``fn(*tensors, **static)`` as a torch.compile-fused kernel, one per set of static keywords and
     pattern of size-1 dimensions of the tensors.
 
-    Static arguments must be keyword-only. Tensor arguments are detached and made contiguous, so a
-    compiled kernel is guarded on shapes alone. The whole function must compile as one graph
+    Static arguments must be keyword-only and are compiled in as constants. Tensor arguments are detached and
+    made contiguous, so a compiled kernel is guarded on shapes alone. The whole function must compile as one graph
     (``fullgraph``) and without contracting ``a * b + c`` into an FMA, so it gives the eager result
     bit for bit. Where one kernel fails to compile, that kernel (that static signature and shape pattern)
     runs the same function eagerly from then on, with one warning per function; its other kernels stay fused.
@@ -196,8 +196,10 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
         shapes = "x".join("".join("1" if d == 1 else "n" for d in t.shape) for t in tensors)
         signature = (tuple(sorted(static.items())), shapes)
         if signature not in kernels:
-            kernels[signature] = torch.compile(_specialized(fn, static, shapes), dynamic=True, fullgraph=True,
-                                               options=_compile_options())
+            # dynamic=True would make the static integers symbolic too (a format's exponent range computed in the
+            # kernel at run time): they are compiled in as the constants they are
+            kernels[signature] = torch._dynamo.config.patch(specialize_int=True)(torch.compile(
+                _specialized(fn, static, shapes), dynamic=True, fullgraph=True, options=_compile_options()))
         kernel = kernels[signature]
         if kernel is fn:
             return fn(*tensors, **static)
