@@ -282,23 +282,6 @@ class BlockFloatingPoint(Quantizer):
         return f"wl={self.bits}, block={self.block}, dim={self.dim}, rounding={self.rounding}"
 
 
-class FloatingPoint(Quantizer):
-    """IEEE float <exp, man> (:func:`~qtrain.quant.formats.floating_point`); ``saturate`` clamps overflow."""
-
-    fmt = "float"
-
-    def __init__(self, exp: int, man: int, rounding: Rounding = "nearest", saturate: bool = False) -> None:
-        super().__init__()
-        self.exp, self.man, self.rounding, self.saturate = exp, man, rounding, saturate
-        self.bits = 1 + exp + man
-
-    def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        return formats.floating_point(x, self.exp, self.man, self.rounding, self.saturate)
-
-    def extra_repr(self) -> str:
-        return f"exp={self.exp}, man={self.man}, rounding={self.rounding}" + (", saturate=True" if self.saturate else "")
-
-
 class DensityTracked(Quantizer):
     """A weight quantizer that keeps the share of non-zero values in its last output (``density``, a buffer).
 
