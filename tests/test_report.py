@@ -103,6 +103,31 @@ def test_seeds_share_a_row_with_mean_and_std(dynasty_sweep):
     assert "setting" not in shown and "config" not in shown  # nothing but the method differs between these runs
 
 
+def test_a_row_is_compared_with_its_baseline_seed_by_seed(tmp_path):
+    # float32 spreads 20 points over its seeds; SBM is a point above it on two seeds and a point below on the third
+    for seed, (ours, theirs) in enumerate([(0.51, 0.50), (0.61, 0.60), (0.69, 0.70)]):
+        fake_run(tmp_path, f"f{seed}", "float32", [theirs], [1e12], seed=seed)
+        fake_run(tmp_path, f"s{seed}", "sbm", [ours], [6.25e10], seed=seed)
+    fake_run(tmp_path, "s3", "sbm", [0.99], [6.25e10], seed=3)  # no float32 run of seed 3 to pair it with
+    # a language model is compared by perplexity, where lower is better
+    for seed, (ours, theirs) in enumerate([(90.0, 100.0), (110.0, 120.0), (140.0, 120.0)]):
+        for name, method, ppl in ((f"lf{seed}", "float32", theirs), (f"ls{seed}", "sbm", ours)):
+            fake_run(tmp_path, name, method, [0.1], [1e12], seed=seed, model="transformer", data="wikitext2",
+                     metrics_extra={"test_ppl": [ppl]})
+    table = summary_frame(run_frame(find_runs([tmp_path])), {"method": "float32"}).set_index(["method", "model"])
+    sbm = table.loc[("sbm", "resnet18")]
+    assert sbm.paired_mean == pytest.approx(statistics.mean([1.0, 1.0, -1.0]))
+    assert sbm.paired_std == pytest.approx(statistics.stdev([1.0, 1.0, -1.0])) and sbm.better == "2/3"
+    assert sbm.test_acc_std > 10 * sbm.paired_std  # the seeds' spread hides what the pairs show
+    language = table.loc[("sbm", "transformer")]
+    assert language.paired_mean == pytest.approx(0.0) and language.better == "2/3"  # 10 lower twice, 20 higher once
+    assert math.isnan(table.loc[("float32", "resnet18")].paired_mean) and table.loc[("float32", "resnet18")].better == ""
+    shown = display_frame(table.reset_index()).set_index(["method", "model"])
+    assert shown.loc[("sbm", "resnet18"), "Δ vs baseline, same seed"] == f"0.33 ± {statistics.stdev([1.0, 1.0, -1.0]):.2f}"
+    assert shown.loc[("sbm", "resnet18"), "better on"] == "2/3"
+    assert "paired_mean" not in summary_frame(run_frame(find_runs([tmp_path])), {"method": "float32"}, "best")
+
+
 def test_status_of_runs_without_a_summary(tmp_path):
     fake_run(tmp_path, "stopped", "sbm", [0.5], [1e9], status=None)
     running = fake_run(tmp_path, "running", "sbm", [0.6, 0.7], [1e9, 2e9], status=None, seed=1)

@@ -30,6 +30,7 @@ FIGURES = (*SCORES, *HARDWARE_FIGURES)
 LABELS = {
     "test_acc": "test acc %", "best_test_acc": "best acc %", "test_ppl": "test ppl (lower is better)",
     "effective_macs": "eff. MACs", "percent_of_float32": "% of float32", "savings": "savings % vs baseline",
+    "paired": "Δ vs baseline, same seed", "better": "better on",
     **{f"{model}_{unit}": f"{label} {'s' if unit == 'seconds' else 'J'}"
        for model, label in HARDWARE for unit in ("seconds", "joules")},
 }
@@ -158,7 +159,11 @@ def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, ag
     (completed or diverged), its figures are theirs alone; else those of its runs in progress (last epoch).
 
     ``baseline`` (``{"method": "sbm"}``, keys of the configuration columns) adds ``savings_mean``: 100·(1 − this
-    row's effective MACs / the baseline row's) for the baseline row of the same model and data.
+    row's effective MACs / the baseline row's) for the baseline row of the same model and data; and, aggregating
+    by mean, ``paired_mean``/``paired_std``/``better``: the row's final perplexity (a language model's; else its
+    accuracy in points) minus the baseline's seed by seed, and on how many seeds it is the better one. Runs of one
+    seed share their initial weights and data order across methods, so these differences show an effect smaller
+    than the seeds' spread.
     """
     if aggregate not in AGGREGATES:
         raise ReportError(f"--aggregate {aggregate} is not allowed (choose from: {', '.join(AGGREGATES)})")
@@ -176,21 +181,49 @@ def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, ag
         for key, value in baseline.items():
             if key not in CONFIG_COLUMNS:
                 raise ReportError(f"--baseline {key}={value} is not allowed: choose keys from {', '.join(CONFIG_COLUMNS)}")
-        table["savings_mean"] = [_savings(table, row, baseline) for _, row in table.iterrows()]
+        chosen = [_baseline_row(table, row, baseline) for _, row in table.iterrows()]
+        table["savings_mean"] = [_savings(row, base) for (_, row), base in zip(table.iterrows(), chosen)]
         table["savings_std"] = math.nan
+        if aggregate == "mean":
+            paired = [_paired(runs, row, base) for (_, row), base in zip(table.iterrows(), chosen)]
+            table["paired_mean"], table["paired_std"], table["better"] = zip(*paired)
     return table
 
 
-def _savings(table: pd.DataFrame, row: pd.Series, baseline: dict[str, str]) -> float:
-    """Savings against the baseline row of this row's model and data (and its config, where that leaves one)."""
+def _baseline_row(table: pd.DataFrame, row: pd.Series, baseline: dict[str, str]) -> pd.Series | None:
+    """The baseline row of this row's model and data (and its config, where that leaves one); None if not one."""
     chosen = table[(table.model == row.model) & (table.data == row.data)]
     for key, value in baseline.items():
         chosen = chosen[chosen[key].astype(str) == value]
     if len(chosen) > 1:
         chosen = chosen[chosen.config == row.config]
-    if len(chosen) != 1 or not chosen.effective_macs_mean.iloc[0]:
+    return chosen.iloc[0] if len(chosen) == 1 else None
+
+
+def _savings(row: pd.Series, base: pd.Series | None) -> float:
+    if base is None or not base.effective_macs_mean:
         return math.nan
-    return 100.0 * (1.0 - row.effective_macs_mean / chosen.effective_macs_mean.iloc[0])
+    return 100.0 * (1.0 - row.effective_macs_mean / base.effective_macs_mean)
+
+
+def _paired(runs: pd.DataFrame, row: pd.Series, base: pd.Series | None) -> tuple[float, float, str]:
+    """This row's final test perplexity (a language model's), else its final test accuracy, minus the baseline row's,
+    run by run over the seeds (and folds) both have: the differences' mean and std, and on how many this row is
+    the better one."""
+    if base is None or all(row[c] == base[c] for c in CONFIG_COLUMNS):
+        return math.nan, math.nan, ""
+    name = "test_ppl" if not math.isnan(row.test_ppl_mean) else "test_acc"
+
+    def scores(config: pd.Series) -> pd.Series:
+        mine = runs[(runs[CONFIG_COLUMNS] == config[CONFIG_COLUMNS]).all(axis=1)]
+        return mine.set_index([mine.seed, mine.fold.fillna(-1)])[name].dropna()
+
+    ours, theirs = scores(row).align(scores(base), join="inner")
+    differences = ours - theirs
+    if differences.empty:
+        return math.nan, math.nan, ""
+    better = (differences > 0) if name == "test_acc" else (differences < 0)
+    return differences.mean(), differences.std(), f"{int(better.sum())}/{len(differences)}"
 
 
 def _shown(mean: float, std: float, fmt: str) -> str:
@@ -206,11 +239,13 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
     """``summary_frame`` for reading: ``mean ± std`` cells, labelled columns, columns no row fills dropped (the
     scale where every run is at paper scale)."""
     shown = table[[*CONFIG_COLUMNS, "runs", "status", "epochs"]].copy()
-    for name in (*SCORES, "savings", *HARDWARE_FIGURES):
+    for name in (*SCORES, "savings", "paired", *HARDWARE_FIGURES):
         if f"{name}_mean" not in table or table[f"{name}_mean"].isna().all():
             continue
         fmt = FORMATS.get(name, ".2f")
         shown[LABELS[name]] = [_shown(m, s, fmt) for m, s in zip(table[f"{name}_mean"], table[f"{name}_std"])]
+        if name == "paired":
+            shown[LABELS["better"]] = table["better"]
     for column, plain in (("scale", "paper"), ("setting", ""), ("config", "")):
         if (shown[column] == plain).all():
             shown = shown.drop(columns=column)
