@@ -81,7 +81,7 @@ def keep_freed_memory() -> bool:
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library to load, or one without mallopt
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1

@@ -6,6 +6,7 @@ job, the exit code says whether any failed, and a rerun redoes the failed jobs o
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -240,19 +241,17 @@ def faults():  # minor page faults taken by allocating, writing and freeing tens
 before = faults()
 kept = keep_freed_memory()
 faults()  # the heap grows to the largest block once
-print(before, kept, faults())
+print(before, int(kept), faults())
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat") or os.confstr("CS_GNU_LIBC_VERSION") is None,
-                    reason="glibc on Linux only: elsewhere keep_freed_memory changes nothing")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only: elsewhere keep_freed_memory changes nothing")
 def test_keep_freed_memory_stops_the_page_faults_of_freed_tensors():
     # The process starts as glibc's default does before its threshold adapts: every block over 128 KiB is mapped
     # fresh and unmapped when freed, so each of its 4 KiB pages faults on first write.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     proc = subprocess.run([sys.executable, "-c", _FAULTS_PROBE], capture_output=True, text=True, check=True, env=env)
-    before, kept, after = proc.stdout.split()
-    pages = 5 * (1 + 4 + 16 + 64) * 256
-    assert kept == "True"
-    assert int(before) >= pages  # every page of every tensor, each time
-    assert int(after) < pages // 100
+    before, kept, after = map(int, proc.stdout.split())
+    assert kept == 1
+    # every 4 KiB page of every tensor faults each time (fewer where the kernel maps huge pages), none once kept
+    assert before > 1000 and after < before // 100

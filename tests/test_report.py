@@ -109,6 +109,7 @@ def test_a_row_is_compared_with_its_baseline_seed_by_seed(tmp_path):
         fake_run(tmp_path, f"f{seed}", "float32", [theirs], [1e12], seed=seed)
         fake_run(tmp_path, f"s{seed}", "sbm", [ours], [6.25e10], seed=seed)
     fake_run(tmp_path, "s3", "sbm", [0.99], [6.25e10], seed=3)  # no float32 run of seed 3 to pair it with
+    fake_run(tmp_path / "again", "f0", "float32", [0.50], [1e12], seed=0)  # seed 0 in a second folder: one pair still
     # a language model is compared by perplexity, where lower is better
     for seed, (ours, theirs) in enumerate([(90.0, 100.0), (110.0, 120.0), (140.0, 120.0)]):
         for name, method, ppl in ((f"lf{seed}", "float32", theirs), (f"ls{seed}", "sbm", ours)):

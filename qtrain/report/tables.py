@@ -216,7 +216,8 @@ def _paired(runs: pd.DataFrame, row: pd.Series, base: pd.Series | None) -> tuple
 
     def scores(config: pd.Series) -> pd.Series:
         mine = runs[(runs[CONFIG_COLUMNS] == config[CONFIG_COLUMNS]).all(axis=1)]
-        return mine.set_index([mine.seed, mine.fold.fillna(-1)])[name].dropna()
+        # runs of one seed and fold in several folders count once, as their mean
+        return mine.groupby([mine.seed, mine.fold.fillna(-1)])[name].mean().dropna()
 
     ours, theirs = scores(row).align(scores(base), join="inner")
     differences = ours - theirs
