@@ -73,11 +73,12 @@ def keep_freed_memory() -> bool:
     freed (above a threshold that adapts as the process runs), and trims its heap when the top is freed: a
     training step then takes a page fault for each 4 KiB of every activation and gradient it allocates again.
     On the 2-core development machine that was 133,000 faults a step of the small Transformer (batch 16 x 64
-    tokens; float32's step 377 ms, 245 ms without them) and 0-30,000 a ResNet-20 step (batch 128), the count
-    depending on where each process's heap happened to lie (up to 25 % of a step). With no block mapped and the
-    heap never trimmed, a step after the first takes almost none. The price: the resident size stays at the
-    heap's high-water mark, which freed blocks can leave above the live tensors' (the Transformer's run peaked
-    at 1.68 GB against 1.30 GB). Other C libraries (musl, macOS) have no such setting: nothing changes there.
+    tokens; float32's step 377 ms, 245 ms without them) and a few hundred to 37,000 a ResNet-20 step (batch 128),
+    the count depending on where each process's heap happened to lie (the same SBM step took 349 to 526 ms in
+    fresh processes). With no block mapped and the heap never trimmed, a step after the first takes almost none.
+    The price: the resident size stays at the heap's high-water mark, which freed blocks can leave above the live
+    tensors' (the Transformer's run peaked at 1.68 GB against 1.30 GB). Other C libraries (musl, macOS) have no
+    such setting: nothing changes there.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
