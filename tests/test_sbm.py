@@ -74,6 +74,20 @@ def test_running_range_weighs_its_old_value_by_the_momentum():
     assert act.running_range.tolist() == pytest.approx([0.9 * lo[0] + 0.1 * lo[1], 0.9 * hi[0] + 0.1 * hi[1]])
 
 
+def test_a_training_forward_reads_nothing_back_to_the_host():
+    # on a GPU a value read back (bool(t), t.item()) waits for all queued work: once per layer, the CPU could no
+    # longer run ahead of the GPU (the running range's first update was chosen on the host)
+    _, model = prepared("sbm", "method.act_momentum=0.9")
+    model.train()
+    x = torch.randn(4, 3, 8, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(x)
+        model(x)
+    reads = [e.key for e in prof.key_averages() if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")]
+    assert reads == []
+    assert model.layer1[0].conv1.quant.act.tracked
+
+
 @pytest.mark.slow
 def test_evaluation_uses_the_running_activation_range():
     _, model = prepared("sbm", "method.act_momentum=0.5")

@@ -236,12 +236,10 @@ class RangeLinear(Quantizer):
 
     @torch.no_grad()
     def _track(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        # chosen on the device: reading ``tracked`` on the host would wait for the GPU's queued work at every layer
         batch = torch.stack([lo.min(), hi.max()])
-        if bool(self.tracked):
-            self.running_range.lerp_(batch, 1 - self.momentum)
-        else:
-            self.running_range.copy_(batch)
-            self.tracked.fill_(True)
+        self.running_range.copy_(torch.where(self.tracked, self.running_range.lerp(batch, 1 - self.momentum), batch))
+        self.tracked.fill_(True)
 
     def extra_repr(self) -> str:
         return f"bits={self.bits}, granularity={self.granularity}, rounding={self.rounding}"
