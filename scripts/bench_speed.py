@@ -283,6 +283,8 @@ def main() -> None:
             steps = min(args.steps, 5) if name in SLOW else args.steps
             last[name] = _child(name, steps, batch, args.model, args.device)
             times[name].append(last[name]["step_s"])
+            # each measurement as it comes: a benchmark stopped from outside (gpu-check's budget) still shows them
+            print(f"{name}: step {last[name]['step_s']:.4f} s (round {round_ + 1}/{args.rounds})", flush=True)
     results = {}
     for name in methods:
         # On the CPU memory is measured in a process of its own (_child), whose allocation is slower; CUDA's

@@ -7,15 +7,18 @@ Without a CUDA device it says so in one line and exits 2. ``--device cpu`` is a 
 "CUDA" side of every comparison runs on the CPU too, so every metric must come out equal (tests/test_gpu_check.py).
 
 The tests: those marked ``cuda``, collected from the test files that hold device tests only (the others are not
-imported: several import qtorch, which on a CUDA machine compiles a CUDA extension at its first import). The runs:
+imported: several import qtorch, which on a CUDA machine compiles a CUDA extension at its first import; the files
+that are imported must not import qtorch or torchao, tests/test_gpu_check.py checks it). Where a test fails, pytest's
+output (short tracebacks and the summary of failures) goes into the table's file. The runs:
 2 epochs of ResNet-20 on 256 synthetic 8x8 images, batch 64, eager quantizers (``--fused``: the compiled ones), two
 methods at a time on both devices. Each part has a time budget (under 10 minutes together), and each row is printed
 as soon as it is known, so a check stopped from outside still shows what it found. The stochastic rounding draws
 (keyed from the CPU generator, a hash of the element index) are the same on both devices, and runs on CUDA use
 deterministic float32 kernels (no TF32), but cuDNN/cuBLAS sum products in other orders than the CPU kernels, so on
-different devices the losses are compared within a tolerance, and a rounding boundary crossed on one side only may
-move a data-driven precision decision. Where no decision reads a value (float32, SBM) the cost and the precision
-record must be equal. Exit status: 0 when every check passed, 1 when one failed, 2 without CUDA.
+different devices the losses are compared within a tolerance (LOSS_TOL, measured as said there), and a rounding
+boundary crossed on one side only may move a data-driven precision decision. Where no decision reads a value
+(float32, SBM) the cost and the precision record must be equal. The benchmark times the methods the check runs
+(``--methods``), one round. Exit status: 0 when every check passed, 1 when one failed, 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -40,10 +43,18 @@ METHODS = ("float32", "sbm", "muppet", "adapt", "dynasty", "pfq", "dfq", "fractr
 PARTS = ("tests", "runs", "bench")
 RUN = ["data=synthetic", "train.epochs=2", "train.batch_size=64", "progress=false"]
 FIXED_PRECISION = {"float32", "sbm"}  # no precision decision reads a value: cost and precision record equal anywhere
-LOSS_RTOL = {"float32": 0.01}  # others: DEFAULT_LOSS_RTOL (quantization turns a small difference into a rounding step)
-DEFAULT_LOSS_RTOL = 0.05
-ACC_ATOL = 0.10  # 6 of the 64 synthetic test images
-TIMEOUT_S = {"tests": 300, "runs": 150, "bench": 120}  # the parts' budgets: under 10 minutes together
+# How far the device's training loss may lie from the CPU's, at any epoch, as a share of the CPU's first-epoch loss
+# (the run's loss scale: by epoch 2 the loss is 20-40x smaller, and a relative difference of it magnifies one
+# rounding step). Measured on the CPU alone (docs/benchmarks.md, "GPU"): float32 runs at 1 and 4 threads differ by
+# 5e-9, SBM's by 3e-5; runs whose precision decisions read values differ by up to 0.006 between thread counts of one
+# CPU and by 0.078 (AdaPT) between two CPUs, where oneDNN sums in other orders: a rounding boundary crossed on one
+# side only moves a decision, and 8 steps later the runs are apart. So those runs are held to the CPUs' own spread.
+LOSS_TOL = {"float32": 1e-4, "sbm": 0.01}  # others: DATA_DRIVEN_LOSS_TOL
+DATA_DRIVEN_LOSS_TOL = 0.10
+# float32's accuracy on the 64 test images within one image; a quantized run's is reported, not held: two CPUs put
+# AdaPT's 16 images apart, SBM's 2
+FLOAT32_ACC_ATOL = 1 / 64
+TIMEOUT_S = {"tests": 270, "runs": 150, "bench": 180}  # the parts' budgets: under 10 minutes together
 RUN_PAIRS = 2  # methods run at a time, each on both devices
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # as qtrain.launch sets them
 
@@ -131,15 +142,18 @@ def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str
     loss_a, loss_b = a["metrics"]["train_loss"], b["metrics"]["train_loss"]
     cost_a, cost_b = (r["summary"]["cost"]["percent_of_float32"] for r in (a, b))
     acc_a, acc_b = (r["summary"]["final"]["test_acc"] for r in (a, b))
-    facts = (f"loss {loss_a.iloc[-1]:.5f} / {loss_b.iloc[-1]:.5f}, acc {acc_a:.3f} / {acc_b:.3f}, "
-             f"cost % {cost_a:.3f} / {cost_b:.3f}")
+    facts = (f"loss {' '.join(f'{v:.5f}' for v in loss_a)} / {' '.join(f'{v:.5f}' for v in loss_b)}, "
+             f"acc {acc_a:.3f} / {acc_b:.3f}, cost % {cost_a:.3f} / {cost_b:.3f}")
     if same_device:
         equal = a["metrics"].equals(b["metrics"]) and a["precision"].equals(b["precision"]) and cost_a == cost_b
         return equal, f"{facts}; same arithmetic: every metric equal"
-    rtol = LOSS_RTOL.get(method, DEFAULT_LOSS_RTOL)
-    worst = ((loss_a - loss_b).abs() / loss_b.abs()).max()
-    ok = bool(worst <= rtol) and abs(acc_a - acc_b) <= ACC_ATOL
-    how = f"other reduction order: loss within {rtol:g} relative (worst {worst:.2g}), acc within {ACC_ATOL:g}"
+    tol = LOSS_TOL.get(method, DATA_DRIVEN_LOSS_TOL)
+    worst = float((loss_a - loss_b).abs().max() / abs(loss_b.iloc[0]))
+    ok = worst <= tol
+    how = f"other reduction order: loss within {tol:g} of the first epoch's (worst {worst:.2g})"
+    if method == "float32":
+        ok = ok and abs(acc_a - acc_b) <= FLOAT32_ACC_ATOL
+        how += ", acc within one image"
     # density (the share of nonzero weights) moves with a weight that rounds to zero on one device only
     precision_a, precision_b = (r["precision"].drop(columns="density", errors="ignore") for r in (a, b))
     precision_equal = precision_a.equals(precision_b) and cost_a == cost_b
@@ -151,24 +165,26 @@ def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str
     return ok, f"{facts}; {how}"
 
 
-def run_tests(device: str) -> tuple[bool, str]:
-    """The tests marked ``cuda`` (on the CPU every one of them skips): on CUDA they pass, and at least one ran."""
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+def run_tests(device: str) -> tuple[bool, str, str]:
+    """The tests marked ``cuda`` (on the CPU every one of them skips): on CUDA they pass, and at least one ran.
+    Also pytest's whole output (each failure's short traceback and the summary of failures)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-m", "cuda", "-p", "no:cacheprovider",
                *map(str, device_test_files())]
     try:
         proc = run_child(command, TIMEOUT_S["tests"], child_env())
     except subprocess.TimeoutExpired as err:
-        return False, f"ran past {TIMEOUT_S['tests']} s; its last line: {last_line(err.stdout)}"
+        return False, f"ran past {TIMEOUT_S['tests']} s; its last line: {last_line(err.stdout)}", decoded(err.stdout)
     last = last_line(proc.stdout)
     if device == "cpu":
-        return proc.returncode in (0, 5), last
-    return proc.returncode == 0 and " passed" in last, last
+        return proc.returncode in (0, 5), last, proc.stdout
+    return proc.returncode == 0 and " passed" in last, last, proc.stdout + proc.stderr
 
 
-def run_bench(device: str) -> tuple[bool, str, str]:
-    """The speed benchmark on ``device``: whether it ran, its targets met and missed, and its printout."""
+def run_bench(device: str, methods: list[str]) -> tuple[bool, str, str]:
+    """The speed benchmark of ``methods`` on ``device``: whether it ran, its targets met and missed, and its
+    printout."""
     command = [sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--device", device, "--rounds", "1",
-               "--no-qtorch"]
+               "--no-qtorch", "--methods", *methods]
     proc = run_child(command, TIMEOUT_S["bench"], child_env())
     text = proc.stdout + (proc.stderr if proc.returncode else "")
     verdicts = [line.split()[3] for line in proc.stdout.splitlines() if len(line.split()) == 7]
@@ -200,9 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((part, what, ok, detail))
         print(_line(part, what, ok, detail), flush=True)
 
-    bench_text = ""
+    bench_text = tests_text = ""
     if "tests" in args.parts:
-        row("tests", "pytest -m cuda", *run_tests(args.device))
+        ok, last, output = run_tests(args.device)
+        row("tests", "pytest -m cuda", ok, last)
+        tests_text = "" if ok else output
     if "runs" in args.parts:
         deadline = time.monotonic() + TIMEOUT_S["runs"]
         with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2 * RUN_PAIRS) as pool:
@@ -225,12 +243,16 @@ def main(argv: list[str] | None = None) -> int:
                 pool.shutdown(cancel_futures=True)
     if "bench" in args.parts:
         try:
-            ok, detail, bench_text = run_bench(args.device)
+            ok, detail, bench_text = run_bench(args.device, args.methods)
         except subprocess.TimeoutExpired as err:
             ok, detail = False, f"ran past {TIMEOUT_S['bench']} s"
             bench_text = decoded(err.stdout)
         row("bench", "scripts/bench_speed.py", ok, detail)
     table = "\n".join([*header, *[_line(*r) for r in rows]])
+    if tests_text:
+        printout = f"\n\nThe tests' output:\n\n```\n{tests_text.strip()}\n```"
+        print(printout)
+        table += printout
     if bench_text:
         printout = f"\n\nThe benchmark's printout:\n\n```\n{bench_text.strip()}\n```"
         print(printout)
