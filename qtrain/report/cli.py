@@ -2,7 +2,8 @@
 
 Parses the arguments, reads the runs (:mod:`qtrain.report.runs`, each identity once), and prints the runs
 table (:mod:`qtrain.report.tables`), with ``--paper`` the published tables beside ours (:mod:`qtrain.report.paper`),
-and optionally writes CSV, LaTeX, PNG plots (:mod:`qtrain.report.plots`) and one HTML page. Errors are one line,
+with ``--reference`` the runs beside a reference learning curve (:mod:`qtrain.report.reference`), and optionally
+writes CSV, LaTeX, PNG plots (:mod:`qtrain.report.plots`) and one HTML page. Errors are one line,
 ``qtrain-report: error: ...``, exit code 2, before anything is written. docs/reports.md describes the report.
 """
 
@@ -13,6 +14,7 @@ import html
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -27,9 +29,12 @@ from qtrain.report.paper import (
     table_baseline,
     views,
 )
-from qtrain.report.runs import ReportError, find_runs, one_per_identity
+from qtrain.report.runs import ReportError, Run, find_runs, one_per_identity
 from qtrain.report.tables import AGGREGATES, CONFIG_COLUMNS, display_frame, run_frame, summary_frame
 from qtrain.results import check_writable
+
+if TYPE_CHECKING:
+    from qtrain.report.reference import Reference
 
 PAPERS = {"adapt": "AdaPT", "dynasty": "DYNASTY", "fractrain": "FracTrain"}
 
@@ -57,6 +62,15 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="write the runs table as a LaTeX tabular (needs \\usepackage{booktabs}); with --paper, "
                              "each paper table too, as FILE's name + '-TABLE', one tabular per part")
     parser.add_argument("--plots", type=Path, metavar="OUT", help="write the plots as PNG and report.html into OUT")
+    parser.add_argument("--reference", type=Path, metavar="FILE",
+                        help="a reference learning curve (e.g. results/reference/*.csv): the runs (the seeds of one "
+                             "configuration) epoch by epoch beside it, the differences' mean and largest size, its "
+                             "gate shares where it has them, and with --plots the curves over it")
+    parser.add_argument("--reference-from", type=int, default=1, metavar="EPOCH",
+                        help="with --reference, the first epoch the differences' mean and largest size count (default 1)")
+    parser.add_argument("--shares-at", type=int, nargs="+", default=[], metavar="EPOCH",
+                        help="with --reference, the epochs whose gate shares are set side by side (default: the runs' "
+                             "last epoch)")
     return parser.parse_args(argv)
 
 
@@ -205,6 +219,34 @@ def _write(path: Path, write: Callable[[Path], None]) -> None:
     write(path)
 
 
+def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Reference | None, list]:
+    """The reference curve ``--reference`` names and the report's sections about it (none without the option)."""
+    if args.reference is None:
+        if args.shares_at or args.reference_from != 1:
+            raise ReportError("--reference-from and --shares-at are not allowed without --reference (they say how the "
+                              "runs are compared with it)")
+        return None, []
+    if not args.reference.is_file():
+        raise ReportError(f"--reference {args.reference} is not allowed: no such file (give a reference curve's CSV)")
+    from qtrain.report.plots import by_config
+    from qtrain.report.reference import difference_table, load_reference, shares_table
+
+    configs = by_config(runs)
+    if len(configs) > 1:
+        raise ReportError(f"--reference compares the seeds of one configuration; these runs are {len(configs)}: "
+                          f"{'; '.join(configs)}")
+    reference = load_reference(args.reference)
+    table, summary = difference_table(runs, reference, args.reference_from)
+    last = int(max(run.metrics.epoch.max() for run in runs if "epoch" in run.metrics))
+    shares = shares_table(runs, reference, args.shares_at or [last])
+    what = f"{next(iter(configs))}, {len(runs)} run{'s' if len(runs) > 1 else ''}"
+    sections = [(f"Against the reference {reference.name} ({what}): per epoch, ours the mean over the runs", table, ""),
+                (f"Against the reference {reference.name}: the differences from epoch {args.reference_from}", summary, "")]
+    if not shares.empty:
+        sections.append((f"Against the reference {reference.name}: each gated block's most chosen option", shares, ""))
+    return reference, sections
+
+
 def report(argv: list[str] | None = None) -> str:
     """Build the report that ``argv`` asks for, write its files, and return the markdown printed."""
     args = _arguments(argv)
@@ -226,6 +268,8 @@ def report(argv: list[str] | None = None) -> str:
     note = (f"{len(twins)} more director{'y holds a run' if len(twins) == 1 else 'ies hold runs'} counted once above "
             f"(the same identity under another name): {', '.join(str(run.dir) for run in twins)}") if twins else ""
     sections = [(f"Runs ({len(runs)}){best}", display_frame(table), note)]
+    reference, reference_sections = _reference_sections(args, runs)
+    sections += reference_sections
     exports = []
     for name in names:
         comparison, missing = compare(runs, name, args.aggregate)
@@ -248,6 +292,10 @@ def report(argv: list[str] | None = None) -> str:
         from qtrain.report.plots import pareto_plot, write_paper_plots, write_plots
 
         images = write_plots(runs, args.plots) + pareto_plot(table, args.plots)
+        if reference is not None:
+            from qtrain.report.reference import reference_plot
+
+            images += [path for path in [reference_plot(runs, reference, args.plots)] if path is not None]
         for name, parts, _ in exports:
             images += write_paper_plots(name, parts, args.plots)
         _write_html(args.plots / "report.html", sections, images)

@@ -1,10 +1,10 @@
 """The report's figures, as PNG files (matplotlib), each drawn from the run directories' CSV files.
 
-Precision and sparsity per layer over time, accuracy against cumulative cost and each hardware model's time,
-bit allocation per block, average bit-width, the training loss with PFQ's turning points, and with ``--paper``
-ours against the paper's cells. One method has one colour in every figure (:func:`method_colour`), a
-configuration a shade and line style of it, a seed a marker shape (:func:`seed_marker`). docs/reports.md
-("Plots") lists the figures and how seeds and configurations are drawn.
+Learning curves (loss and accuracy against the epoch), precision and sparsity per layer over time, accuracy
+against cumulative cost and each hardware model's time, bit allocation per block, average bit-width, the training
+loss with PFQ's turning points, and with ``--paper`` ours against the paper's cells. One method has one colour in
+every figure (:func:`method_colour`), a configuration a shade and line style of it, a seed a marker shape
+(:func:`seed_marker`). docs/reports.md ("Plots") lists the figures and how seeds and configurations are drawn.
 """
 
 from __future__ import annotations
@@ -246,6 +246,33 @@ def _config_lines(runs: list[Run], axes, x: str, y: str, scale_y: float = 1.0) -
     return drawn
 
 
+# the panels of a learning curve: (metrics column, axis label, scale); a panel is drawn where a run has its column
+CURVE_PANELS = (("train_loss", "training loss (the epoch's mean)", 1.0), ("test_loss", "test loss", 1.0),
+                ("train_acc", "training accuracy (%)", 100.0), ("test_acc", "test accuracy (%)", 100.0),
+                ("test_ppl", "test perplexity", 1.0))
+
+
+def learning_curve_plot(group: Group, out: Path) -> Path | None:
+    """Loss and accuracy (a language model's: perplexity), training and test, against the epoch."""
+    panels = [(y, name, scale) for y, name, scale in CURVE_PANELS if any(y in run.metrics for run in group.runs)]
+    if not panels:
+        return None
+    fig = Figure(figsize=(4.2 * len(panels), 4.0), layout="constrained")
+    drawn = []
+    for i, (y, name, scale) in enumerate(panels):
+        axes = fig.add_subplot(1, len(panels), i + 1)
+        if _config_lines(group.runs, axes, "epoch", y, scale):
+            axes.set(xlabel="epoch", ylabel=name, **({"yscale": "log"} if y == "test_ppl" else {}))
+            axes.xaxis.get_major_locator().set_params(integer=True)
+            axes.grid(alpha=0.3)
+            drawn.append(axes)
+    if not drawn:
+        return None
+    _legend(fig, drawn)
+    fig.suptitle(f"learning curves: {group.title}{SEEDS_NOTE}", fontsize=10)
+    return _save(fig, out / f"learning-curves-{group.slug}.png")
+
+
 def accuracy_cost_plot(group: Group, out: Path) -> Path | None:
     """Test accuracy (a language model's: perplexity) against cumulative effective MACs and each hardware model's time."""
     xs = [("effective_macs", "cumulative effective MACs (float32-equivalent)")] + [
@@ -477,8 +504,8 @@ def write_paper_plots(name: str, parts: list[tuple[str, str, pd.DataFrame]], out
 
 
 PER_RUN: tuple[Callable[[Run, Path, list[Run]], Path | None], ...] = (precision_plot, sparsity_plot, bit_allocation_plot)
-ACROSS_RUNS: tuple[Callable[[Group, Path], Path | None], ...] = (accuracy_cost_plot, average_bits_plot,
-                                                                      turning_points_plot)
+ACROSS_RUNS: tuple[Callable[[Group, Path], Path | None], ...] = (learning_curve_plot, accuracy_cost_plot,
+                                                                      average_bits_plot, turning_points_plot)
 
 
 def pareto_front(costs: list[float], scores: list[float]) -> list[int]:

@@ -1,0 +1,173 @@
+"""Runs against a reference learning curve: a published training log turned into per-epoch CSV files.
+
+``qtrain-report RUN... --reference FILE`` reads FILE (``results/reference/*.csv``, written by
+``scripts/reference_curves.py`` from the FracTrain authors' logs, or any file of the same columns) and sets the runs'
+own epochs beside it: a table of per-epoch differences with their mean and largest size, a figure of the runs' curves
+over the reference's, and, where the reference has a ``-shares`` file beside it, each gated block's option shares at
+chosen epochs side by side. docs/reports.md ("Against a reference curve") says how the differences are counted.
+
+The reference's columns (the logs' own units): ``epoch`` (1 for the first), and any of ``train_loss`` and
+``train_acc`` (the epoch's own mean loss and top-1 in percent), ``test_loss``, ``test_acc`` (percent) and ``cp`` (the
+epoch's computation in percent of float32's). Its gates file (``<stem>_gates.csv`` beside it): ``epoch``, ``block``
+(the gated blocks numbered from 0 in the network's order) and one column of shares per option, ``optK_skip`` or
+``optK_fwA_bwB``. A run's gated blocks are its ``<stage>.<index>.block`` modules in that order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from qtrain.report.plots import SEEDS_NOTE, _config_lines, _legend, _option_shares, _save, _slug
+from qtrain.report.runs import ReportError, Run
+
+# (column, what it is, scale of ours and of the reference's to the table's unit, how a difference is counted):
+# accuracies in points, losses in percent of the reference's value, cp in percentage points
+COLUMNS = (("train_loss", "training loss", 1.0, 1.0, "relative"),
+           ("train_acc", "training accuracy (%)", 100.0, 1.0, "points"),
+           ("test_loss", "test loss", 1.0, 1.0, "relative"),
+           ("test_acc", "test accuracy (%)", 100.0, 1.0, "points"),
+           ("cp", "computation (% of float32)", 1.0, 1.0, "points"))
+OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
+
+
+@dataclass
+class Reference:
+    """A reference curve: its per-epoch figures (indexed by epoch) and, where given, its gates' option shares."""
+
+    name: str
+    curve: pd.DataFrame
+    shares: pd.DataFrame | None
+
+
+def _read(path: Path, what: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise ReportError(f"--reference {path} is not allowed: {what} cannot be read as CSV ({err})") from None
+
+
+def load_reference(path: Path) -> Reference:
+    """The reference curve in ``path`` and its shares file (``<stem>-shares.csv`` beside it), if there is one."""
+    curve = _read(path, "it")
+    known = [column for column, *_ in COLUMNS if column in curve]
+    if "epoch" not in curve or not known:
+        raise ReportError(f"--reference {path} is not allowed: it needs an epoch column and one of "
+                          f"{', '.join(column for column, *_ in COLUMNS)} (it has: {', '.join(map(str, curve.columns))})")
+    epochs = pd.to_numeric(curve.epoch, errors="coerce")
+    if epochs.isna().any() or (epochs < 1).any() or epochs.duplicated().any():
+        raise ReportError(f"--reference {path} is not allowed: its epochs must be distinct whole numbers from 1")
+    curve = curve.assign(epoch=epochs.astype(int)).set_index("epoch").sort_index()[known].apply(pd.to_numeric, errors="coerce")
+    gates_path = path.with_name(f"{path.stem}_gates.csv")
+    shares = None
+    if gates_path.exists():
+        gates = _read(gates_path, "its gates file")
+        options = {column: "skipped" if m[1] else f"FW{m[2]}/BW{m[3]}"
+                   for column in gates.columns if (m := OPTION.fullmatch(column))}
+        if not {"epoch", "block"} <= set(gates) or not options:
+            raise ReportError(f"--reference {gates_path} is not allowed: a gates file needs the columns epoch, block "
+                              "and one optK_skip or optK_fwA_bwB column per option")
+        shares = gates.melt(id_vars=["epoch", "block"], value_vars=list(options), var_name="option", value_name="share")
+        shares["option"] = shares.option.map(options)
+    return Reference(path.stem, curve, shares)
+
+
+def _ours(runs: list[Run], column: str) -> pd.Series:
+    """The runs' mean of a metrics column by epoch (over the runs that have that epoch)."""
+    frames = [run.metrics.set_index("epoch")[column] for run in runs if column in run.metrics and "epoch" in run.metrics]
+    return pd.concat(frames, axis=1).mean(axis=1) if frames else pd.Series(dtype=float)
+
+
+def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per epoch, the runs' mean (over their seeds) beside the reference's, and the difference (ours minus the
+    reference's: points of accuracy or cp, percent of the reference's loss); and per figure the mean and the largest
+    size of the differences from epoch ``first`` on. Only the epochs both have count."""
+    rows, summary = {}, []
+    for column, _, ours_scale, theirs_scale, how in COLUMNS:
+        if column not in reference.curve:
+            continue
+        ours = _ours(runs, column)
+        theirs = reference.curve[column].dropna()
+        common = ours.index.intersection(theirs.index)
+        if common.empty:
+            continue
+        a, b = ours[common] * ours_scale, theirs[common] * theirs_scale
+        diff = (a - b) if how == "points" else 100.0 * (a - b) / b.abs()
+        unit = "points" if how == "points" else "%"
+        rows[f"{column} ours"], rows[f"{column} reference"], rows[f"{column} diff ({unit})"] = a, b, diff
+        counted = diff[diff.index >= first]
+        if not counted.empty:
+            summary.append({"figure": column, "difference": "ours - reference" + (" (points)" if how == "points" else
+                                                                                 " (% of the reference's)"),
+                            "epochs": f"{counted.index.min()}-{counted.index.max()}", "mean": counted.mean(),
+                            "largest size": counted.abs().max()})
+    if not rows:
+        raise ReportError(f"--reference {reference.name}: the runs and the reference share no epoch of any figure")
+    table = pd.DataFrame(rows).rename_axis("epoch").reset_index()
+    return table, pd.DataFrame(summary)
+
+
+def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
+    """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0):
+    each block's first quantized layer, as the block's gate decides for all of its layers."""
+    if run.precision.empty or epoch not in set(run.precision.epoch):
+        return None
+    found = _option_shares(run.precision[run.precision.epoch == epoch])
+    if found is None:
+        return None
+    shares = found[0]
+    blocks = [name for name in shares.index if ".block." in name]
+    firsts = sorted({name.split(".block.")[0] for name in blocks}, key=lambda b: [int(n) for n in re.findall(r"\d+", b)])
+    rows = [shares.loc[next(name for name in blocks if name.startswith(f"{first}.block."))] for first in firsts]
+    return pd.DataFrame(rows, index=range(len(rows))).rename_axis("block")
+
+
+def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd.DataFrame:
+    """Each gated block's most chosen option and its share at ``epochs``, the runs' (mean over seeds) beside the
+    reference's, with the difference of the reference's option's share."""
+    if reference.shares is None:
+        return pd.DataFrame()
+    rows = []
+    for epoch in epochs:
+        theirs = reference.shares[reference.shares.epoch == epoch].pivot_table(
+            index="block", columns="option", values="share", aggfunc="sum")
+        found = [shares for run in runs if (shares := _block_shares(run, epoch)) is not None]
+        if theirs.empty or not found:
+            continue
+        ours = pd.concat(found).groupby(level=0).mean().fillna(0.0)
+        for block in theirs.index.intersection(ours.index):
+            mine, ref = ours.loc[block], theirs.loc[block].fillna(0.0)
+            top_ours, top_ref = mine.idxmax(), ref.idxmax()
+            rows.append({"epoch": epoch, "block": block, "ours: most chosen": top_ours, "share": mine.max(),
+                         "reference: most chosen": top_ref, "reference share": ref.max(),
+                         "same": top_ours == top_ref,
+                         "share diff (reference's option)": mine.get(top_ref, 0.0) - ref.max()})
+    return pd.DataFrame(rows)
+
+
+def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | None:
+    """The runs' curves (mean and band over seeds) with the reference's over them, one panel a figure."""
+    panels = [(column, name, scale, theirs_scale) for column, name, scale, theirs_scale, _ in COLUMNS
+              if column in reference.curve and any(column in run.metrics for run in runs)]
+    if not panels:
+        return None
+    fig = Figure(figsize=(4.2 * len(panels), 4.0), layout="constrained")
+    drawn = []
+    last = max(int(run.metrics.epoch.max()) for run in runs if "epoch" in run.metrics)
+    for i, (column, name, scale, theirs_scale) in enumerate(panels):
+        axes = fig.add_subplot(1, len(panels), i + 1)
+        theirs = reference.curve[column].dropna().loc[:last]  # the reference over the runs' epochs only
+        axes.plot(theirs.index, theirs * theirs_scale, color="black", linestyle="--", linewidth=1.2,
+                  label=f"reference: {reference.name}")
+        _config_lines([run for run in runs if column in run.metrics], axes, "epoch", column, scale)
+        axes.set(xlabel="epoch", ylabel=name)
+        axes.xaxis.get_major_locator().set_params(integer=True)
+        axes.grid(alpha=0.3)
+        drawn.append(axes)
+    _legend(fig, drawn)
+    fig.suptitle(f"against the reference curve {reference.name} (dashed){SEEDS_NOTE}", fontsize=10)
+    return _save(fig, out / f"reference-{_slug(reference.name)}.png")

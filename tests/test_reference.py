@@ -1,0 +1,96 @@
+"""``qtrain-report --reference``: runs set beside a hand-made reference curve, every expected figure worked out by
+hand from the numbers written here; and the learning-curve figure."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from qtrain.report.cli import report
+from qtrain.report.plots import groups, learning_curve_plot
+from qtrain.report.runs import ReportError, find_runs
+
+from .test_report import fake_run
+
+# as the logs print them: accuracies in percent
+REFERENCE = {"epoch": [1, 2, 3], "train_loss": [2.0, 1.0, 0.5], "train_acc": [30.0, 50.0, 60.0],
+             "test_acc": [40.0, 50.0, 60.0], "cp": [3.0, 3.0, 3.0]}
+
+
+def _precision(epoch: int, blocks: list[list[tuple[int, int, float]]]) -> list[dict]:
+    """Precision rows of DFQ-like gated blocks: each block's two convolutions at the given (FW, BW, share) options."""
+    return [{"epoch": epoch, "step": 10 * epoch, "layer": f"layer1.{b}.block.conv{c}", "format": "range-linear",
+             "share": share, "weight_bits": 4, "act_bits": fw, "grad_bits": bw, "grad_weight_bits": bw, "density": 1.0}
+            for b, options in enumerate(blocks) for c in (1, 2) for fw, bw, share in options]
+
+
+@pytest.fixture
+def runs_and_reference(tmp_path):
+    root = tmp_path / "runs"
+    blocks = [[(4, 6, 0.6), (6, 8, 0.1)], [(6, 8, 0.55), (4, 6, 0.45)]]
+    for seed, train_acc, loss in ((0, [0.31, 0.52, 0.58], [2.2, 1.1, 0.5]), (1, [0.33, 0.50, 0.60], [2.0, 1.0, 0.6])):
+        fake_run(root, f"dfq{seed}", "dfq", [0.41, 0.52, 0.61], [1e9, 2e9, 3e9], seed=seed, model="resnet38",
+                 data="cifar10", precision=_precision(3, blocks),
+                 metrics_extra={"train_acc": train_acc, "train_loss": loss, "cp": [2.9, 3.1, 3.2]})
+    reference = tmp_path / "ref.csv"
+    pd.DataFrame(REFERENCE).to_csv(reference, index=False)
+    pd.DataFrame({"epoch": [2, 3, 3], "block": [0, 0, 1], "opt0_skip": [1.0, 0.3, 0.0], "opt1_fw4_bw6": [0.0, 0.7, 0.4],
+                  "opt2_fw6_bw8": [0.0, 0.0, 0.6]}).to_csv(tmp_path / "ref_gates.csv", index=False)
+    return root, reference
+
+
+def _section(text: str, heading: str) -> pd.DataFrame:
+    """The markdown table under the heading that starts with ``heading``."""
+    lines = [*text.split(f"## {heading}", 1)[1].splitlines()[2:], ""]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[:lines.index("")]]
+    return pd.DataFrame(rows[2:], columns=rows[0])
+
+
+def test_each_epoch_beside_the_reference_with_the_differences_counted_by_hand(runs_and_reference, tmp_path):
+    root, reference = runs_and_reference
+    text = report([str(root), "--reference", str(reference), "--reference-from", "2", "--plots", str(tmp_path / "p")])
+    epochs = _section(text, "Against the reference ref (dfq, 2 runs): per epoch").astype(float).set_index("epoch")
+    # training accuracy: the seeds' mean 32, 51, 59 % against 30, 50, 60 %
+    assert epochs["train_acc diff (points)"].tolist() == pytest.approx([2.0, 1.0, -1.0])
+    # training loss: the mean 2.1, 1.05, 0.55 against 2.0, 1.0, 0.5, in percent of the reference's
+    assert epochs["train_loss diff (%)"].tolist() == pytest.approx([5.0, 5.0, 10.0])
+    assert epochs["cp diff (points)"].tolist() == pytest.approx([-0.1, 0.1, 0.2])
+    assert epochs["test_acc diff (points)"].tolist() == pytest.approx([1.0, 2.0, 1.0])
+    summary = _section(text, "Against the reference ref: the differences from epoch 2").set_index("figure")
+    assert summary.loc["train_acc", "epochs"] == "2-3"
+    assert float(summary.loc["train_acc", "mean"]) == pytest.approx(0.0)
+    assert float(summary.loc["train_acc", "largest size"]) == pytest.approx(1.0)
+    assert float(summary.loc["train_loss", "largest size"]) == pytest.approx(10.0)
+    shares = _section(text, "Against the reference ref: each gated block's most chosen option").set_index("block")
+    assert shares["ours: most chosen"].tolist() == ["FW4/BW6", "FW6/BW8"]
+    assert shares["same"].tolist() == ["True", "True"]
+    # block 0: FW4/BW6 at 0.6 against 0.7; block 1: FW6/BW8 at 0.55 against 0.6
+    assert [float(v) for v in shares["share diff (reference's option)"]] == pytest.approx([-0.1, -0.05])
+    names = {path.name.split("-")[0] for path in (tmp_path / "p").glob("*.png")}
+    assert {"reference", "learning"} <= names
+
+
+def test_the_learning_curve_figure_has_a_panel_for_each_curve_a_run_records(tmp_path):
+    fake_run(tmp_path / "runs", "a", "sbm", [0.4, 0.5], [1e9, 2e9], metrics_extra={"train_acc": [0.3, 0.6]})
+    group, = groups(find_runs([tmp_path / "runs"]))
+    path = learning_curve_plot(group, tmp_path)
+    assert path is not None and path.name.startswith("learning-curves-")
+    assert path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("make,args,message", [
+    (lambda d: pd.DataFrame({"step": [1]}).to_csv(d / "bad.csv", index=False), ["--reference", "bad.csv"],
+     "needs an epoch column"),
+    (lambda d: pd.DataFrame({"epoch": [0], "train_acc": [0.1]}).to_csv(d / "bad.csv", index=False),
+     ["--reference", "bad.csv"], "whole numbers from 1"),
+    (lambda d: None, ["--reference", "none.csv"], "no such file"),
+    (lambda d: None, ["--shares-at", "5"], "not allowed without --reference"),
+    (lambda d: fake_run(d / "runs", "other", "sbm", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], model="resnet38", data="cifar10"),
+     ["--reference", "ref.csv"], "compares the seeds of one configuration"),
+])
+def test_bad_reference_input_is_one_line(runs_and_reference, tmp_path, monkeypatch, make, args, message):
+    root, _ = runs_and_reference
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path)
+    with pytest.raises(ReportError, match=message):
+        report([str(root), *args])
