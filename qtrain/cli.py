@@ -212,7 +212,10 @@ def main() -> None:
             if given:  # every check and the run's identity read qtrain's own config tree
                 raise ConfigError(f"{flag} {given} is not allowed: qtrain composes its own config tree (set keys on "
                                   "the command line, or choose experiment=NAME)")
-        if not (args.experimental_rerun or args.shell_completion):
+        if args.experimental_rerun:
+            raise ConfigError(f"--experimental-rerun {args.experimental_rerun} is not allowed: it unpickles the file it "
+                              "is given (rerun a run with the command line in its .hydra/overrides.yaml)")
+        if not args.shell_completion:
             check_command_line(args.overrides, configs, args.multirun)
     except QtrainError as err:
         _fail(err)

@@ -236,3 +236,57 @@ def test_sweep_directory_under_a_file_is_one_line(tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"qtrain: error: cannot create the sweep directory {tmp_path / 'a_file' / 'sweep'}: "
                                           f"{tmp_path / 'a_file'} is not a directory"]
+
+
+# Each line once made qtrain (through Hydra) call a function or read a file the command line chose; MARKER is a file
+# that such a call creates, and must never appear.
+UNSAFE = {
+    "callback touches a file": ["+hydra.callbacks.e._target_=pathlib.Path.touch", "+hydra.callbacks.e._args_=[MARKER]"],
+    "callback opens a file": ["+hydra.callbacks.e._target_=builtins.open", "+hydra.callbacks.e._args_=[MARKER,w]"],
+    "qtrain's callback replaced": ["hydra.callbacks.qtrain._target_=pathlib.Path.touch"],
+    "config search path": ["hydra.searchpath=[file://MARKER]"],
+    "logging handler": ["hydra.job_logging.handlers.console.class=logging.FileHandler"],
+    "hydra's own logging": ["+hydra.hydra_logging.handlers.f.filename=MARKER"],
+    "launcher class": ["hydra.launcher._target_=pathlib.Path.touch"],
+    "sweeper class": ["hydra.sweeper._target_=pathlib.Path.touch"],
+    "environment": ["hydra.job.env_set.LD_PRELOAD=MARKER"],
+    "a whole subtree": ["hydra.job={env_set:{X:MARKER}}"],
+    "optimizer class": ["optim._target_=pathlib.Path.touch"],
+    "nested instantiation": ["optim.lr={_target_:pathlib.Path.touch,_args_:[MARKER]}"],
+}
+
+
+@pytest.mark.parametrize("case", list(UNSAFE))
+def test_the_command_line_makes_qtrain_call_no_function_of_its_choosing(tmp_path, case):
+    marker = tmp_path / "marker"
+    args = [a.replace("MARKER", str(marker)) for a in UNSAFE[case]]
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_cli(*TINY, *args, cwd=work, raw=True)
+    assert result.returncode == 2, result.stderr
+    line, = result.stderr.splitlines()
+    assert line.startswith("qtrain: error: ") and "is not allowed" in line
+    assert not marker.exists() and list(work.iterdir()) == []
+
+
+def test_experimental_rerun_unpickles_nothing(tmp_path):
+    # a pickle that would create the marker when loaded
+    marker = tmp_path / "marker"
+    payload = tmp_path / "config.pickle"
+    payload.write_bytes(pickle.dumps(_Touch(str(marker))))
+    result = run_cli("--experimental-rerun", str(payload), cwd=tmp_path, raw=True)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"qtrain: error: --experimental-rerun {payload} is not allowed: it unpickles "
+                                          "the file it is given (rerun a run with the command line in its "
+                                          ".hydra/overrides.yaml)"]
+    assert not marker.exists()
+
+
+class _Touch:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path(self.path).touch, ()

@@ -15,6 +15,15 @@ GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 # Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
 MAX_COMPOSED = 16
+# Hydra keys through which a command line could make qtrain call any function, read any config file or set the
+# environment: the callbacks (qtrain's own run callback among them), the config search path, logging handlers, the
+# launcher's and sweeper's classes and the job's environment. A key under one of these, or above one (a whole
+# subtree given at once), is refused; the rest of hydra.* (run.dir, sweep.dir, the launchers' keys) is the user's.
+UNSAFE_HYDRA_KEYS = ("hydra.callbacks", "hydra.searchpath", "hydra.job_logging", "hydra.hydra_logging",
+                     "hydra.launcher._target_", "hydra.sweeper._target_", "hydra.job.env_set")
+# Hydra's instantiation keys: a value holding one makes Hydra call the function it names (conf/optim and conf/sched
+# name theirs in their files; the command line chooses among them with optim=NAME, sched=NAME)
+INSTANTIATION_KEYS = ("_target_", "_args_", "_partial_", "_recursive_", "_convert_")
 
 
 def group_options(conf_dir: Path, group: str) -> list[str]:
@@ -168,9 +177,34 @@ def _check_launcher(overrides: list[Any], conf_dir: Path) -> None:
             _check_key(cfg, override, f" of hydra/launcher={cfg.hydra.runtime.choices[LAUNCHER]}")
 
 
+def _holds_instantiation(value: Any) -> bool:
+    """Whether a parsed override value (a dict, a list, a sweep's values) holds an instantiation key at any depth."""
+    if isinstance(value, dict):
+        return any(str(k) in INSTANTIATION_KEYS or _holds_instantiation(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_instantiation, value))
+    return False
+
+
+def _check_safe(override: Any) -> None:
+    """Refuse an override through which the command line could make qtrain call a function of its choosing."""
+    key, text = override.key_or_group, override.input_line or override.key_or_group
+    parts = key.split(".")
+    for unsafe in UNSAFE_HYDRA_KEYS:
+        if key == unsafe or key.startswith(f"{unsafe}.") or unsafe.startswith(f"{key}."):
+            raise ConfigError(f"{text} is not allowed: {unsafe} is qtrain's own (set hydra.run.dir, hydra.sweep.dir "
+                              "or the launcher's keys instead)")
+    if parts[-1] in INSTANTIATION_KEYS or any(map(_holds_instantiation, override_values(override))):
+        raise ConfigError(f"{text} is not allowed: the command line names no function for Hydra to call (choose the "
+                          "optimizer and schedule with optim=NAME and sched=NAME)")
+
+
 def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
-    """Raise ConfigError for an override that names no group choice or key, or gives a value of the wrong type."""
+    """Raise ConfigError for an override that names no group choice or key, gives a value of the wrong type, or could
+    make qtrain call a function (:data:`UNSAFE_HYDRA_KEYS`, :data:`INSTANTIATION_KEYS`)."""
     everything = _parse(overrides)
+    for override in everything:
+        _check_safe(override)
     seen: dict[str, str] = {}
     for override in everything:
         key, text = override.key_or_group, override.input_line or override.key_or_group
