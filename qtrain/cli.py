@@ -223,7 +223,12 @@ def main() -> None:
     OmegaConf.register_new_resolver("qtrain.config_groups", lambda: config_groups(configs), replace=True)
     logging.getLogger("torch._inductor").setLevel(logging.ERROR)
     logging.getLogger("torch.utils.cpp_extension").addFilter(_QuietCudaProbe())
-    hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()
+    try:
+        hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()
+    except KeyboardInterrupt:  # Ctrl-C: the run keeps its last complete epoch, and the user knows what to do
+        print("qtrain: interrupted: each run keeps its last complete epoch (rerun the same command to resume)",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ docs/running.md ("Run directories and results") describes each file and the lock
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import io
 import json
 import math
 import os
@@ -56,7 +58,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         write(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a folder made read-only meanwhile keeps it: the next run removes it
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -189,11 +192,19 @@ class RunFiles:
     def lock(self) -> RunLock:
         return RunLock(self.dir)
 
+    def _write(self, path: Path, write: Callable[[Path], None]) -> None:
+        """``atomic_write``, a refused write (a full disk, a folder made read-only) said in one line."""
+        try:
+            atomic_write(path, write)
+        except OSError as err:
+            raise RunDirError(f"cannot write {path}: {err.strerror or err} (the run keeps its last complete epoch: "
+                              "rerun the same command to resume once it can be written)") from None
+
     def write_table(self, name: str, table: pd.DataFrame) -> None:
-        atomic_write(self.dir / name, lambda tmp: table.to_csv(tmp, index=False))
+        self._write(self.dir / name, lambda tmp: table.to_csv(tmp, index=False))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write(self.dir / SUMMARY, lambda tmp: tmp.write_text(strict_json(summary, indent=2) + "\n"))
+        self._write(self.dir / SUMMARY, lambda tmp: tmp.write_text(strict_json(summary, indent=2) + "\n"))
 
     def read_summary(self) -> dict[str, Any] | None:
         path = self.dir / SUMMARY
@@ -205,12 +216,16 @@ class RunFiles:
     def write_config(self, config: DictConfig, overrides: list[str]) -> None:
         """``.hydra/config.yaml`` and ``.hydra/overrides.yaml``: the run's config and its command-line overrides."""
         for name, content in (("config.yaml", config), ("overrides.yaml", OmegaConf.create(overrides))):
-            atomic_write(self.dir / HYDRA_DIR / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
+            self._write(self.dir / HYDRA_DIR / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         import torch
 
-        atomic_write(self.dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+        # serialized in memory first: torch's own file writer reports a full disk as "unexpected pos", a plain write
+        # as the OSError it is
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self._write(self.dir / CHECKPOINT, lambda tmp: tmp.write_bytes(buffer.getbuffer()))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         path = self.dir / CHECKPOINT

@@ -337,6 +337,8 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         _log_float32_layers(cfg, meter, plan.method)
         files.write_config(cfg, overrides)
     end_epoch = _EpochEnd(cfg, files, trainer, saver, gemm_layers(model), precision_log)
+    if checkpoint is not None and distributed.is_writer():
+        end_epoch.write_tables(progress)  # a run stopped between its checkpoint and its tables has them again
     return _fit(cfg, files, trainer, end_epoch, plan.device, sizes)
 
 
@@ -407,11 +409,17 @@ class _EpochEnd:
         rank_rngs = distributed.all_gather(rng_state()) if distributed.active() else None
         if not distributed.is_writer():
             return
+        # the checkpoint first: a kill or a full disk between the writes leaves tables that describe no epoch the
+        # checkpoint lacks, and a resumed run rewrites them from it (write_tables)
+        self.saver.save(self.files, progress, self.precision_log, rank_rngs)
+        self.write_tables(progress)
+        _log_epoch(self.cfg, self.trainer.task, progress.history[-1])
+
+    def write_tables(self, progress: Progress) -> None:
+        """metrics.csv, precision.csv and cost.csv as the epochs up to ``progress`` left them."""
         self.files.write_table(METRICS, pd.DataFrame(progress.history))
         self.files.write_table(PRECISION, pd.DataFrame(self.precision_log))
         self.files.write_table(COST, self.trainer.meter.table())
-        self.saver.save(self.files, progress, self.precision_log, rank_rngs)
-        _log_epoch(self.cfg, self.trainer.task, progress.history[-1])
 
 
 def _log_epoch(cfg: DictConfig, task: Task, row: dict[str, Any]) -> None:

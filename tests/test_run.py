@@ -1,6 +1,7 @@
 """Runs end to end in-process: results files, reproducibility, resume after a kill, divergence, bad config,
 run identity, the run directory's lock and checkpoints that load as plain tensors."""
 
+import errno
 import json
 import math
 import os
@@ -8,19 +9,21 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+import qtrain.results
 from qtrain.config import digest, first_difference, identity
 from qtrain.errors import ConfigError, DivergedError, RunDirError
 from qtrain.results import CHECKPOINT_KEYS
 from qtrain.run import run
 from qtrain.train import Trainer
 
-from .conftest import TINY, TINY_TEXT, make_config
+from .conftest import TINY, TINY_TEXT, make_config, run_cli
 
 TIMING = ["epoch_seconds", "wall_seconds"]
 
@@ -347,3 +350,54 @@ def test_summary_and_log_name_the_data_sizes(tmp_path, caplog):
     image = json.loads((tmp_path / "image" / "summary.json").read_text())["data_sizes"]
     assert image == {"train_samples": 256, "test_samples": 64, "in_channels": 3, "num_classes": 4,
                      "input_size": [8, 8]}
+
+
+@pytest.mark.parametrize("refused", ["checkpoint.pt", "metrics.csv"])
+@pytest.mark.slow
+def test_a_full_disk_loses_no_epoch_and_says_so_in_one_line(tmp_path, monkeypatch, refused):
+    overrides = [*TINY, "train.epochs=3"]
+    run(make_config(*overrides), tmp_path / "whole")
+    original, writes = qtrain.results.atomic_write, []
+
+    def full_at_epoch_2(path, write):
+        writes.append(path.name)
+        if path.name == refused and writes.count(refused) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        original(path, write)
+
+    monkeypatch.setattr(qtrain.results, "atomic_write", full_at_epoch_2)
+    run_dir = tmp_path / "resumed"
+    with pytest.raises(RunDirError) as caught:
+        run(make_config(*overrides), run_dir)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"cannot write {run_dir / refused}: No space left on device")
+    # the files agree: no row describes an epoch the checkpoint lacks
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)["progress"]["epoch"]
+    assert saved == (2 if refused == "metrics.csv" else 1)
+    assert len(pd.read_csv(run_dir / "metrics.csv")) == 1
+    monkeypatch.setattr(qtrain.results, "atomic_write", original)
+    run(make_config(*overrides), run_dir)
+    pd.testing.assert_frame_equal(_metrics(tmp_path / "whole"), _metrics(run_dir))
+    for name in ("precision.csv", "cost.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(run_dir / name))
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
+    exe = Path(sys.executable).with_name("qtrain")
+    tiny = [a for a in TINY if not a.startswith("train.epochs=")]
+    command = [str(exe), *tiny, "train.epochs=8", "hydra.run.dir=run"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "metrics.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines()[-1] == ("qtrain: interrupted: each run keeps its last complete epoch (rerun the "
+                                               "same command to resume)")
+    assert "Traceback" not in stderr
+    assert len(pd.read_csv(tmp_path / "run" / "metrics.csv")) < 8
+    resumed = run_cli(*command[1:], cwd=tmp_path, raw=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(pd.read_csv(tmp_path / "run" / "metrics.csv")) == 8
