@@ -94,3 +94,14 @@ def test_bad_reference_input_is_one_line(runs_and_reference, tmp_path, monkeypat
     make(tmp_path)
     with pytest.raises(ReportError, match=message):
         report([str(root), *args])
+
+
+def test_a_run_without_a_cp_column_is_charged_each_epoch_from_its_cumulative_cost(tmp_path):
+    # cumulative 1e9 then 3e9 effective MACs at 10 % then 15 % of float32: float32's 1e10 then 2e10, so the second
+    # epoch alone cost 2e9 of 1e10, 20 %
+    fake_run(tmp_path / "runs", "a", "sbm", [0.4, 0.5], [1e9, 3e9], metrics_extra={"percent_of_float32": [10.0, 15.0]})
+    pd.DataFrame({"epoch": [1, 2], "cp": [10.0, 21.0]}).to_csv(tmp_path / "ref.csv", index=False)
+    text = report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv")])
+    epochs = _section(text, "Against the reference ref (sbm, 1 run): per epoch").astype(float)
+    assert epochs["cp ours"].tolist() == pytest.approx([10.0, 20.0])
+    assert epochs["cp diff (points)"].tolist() == pytest.approx([0.0, -1.0])

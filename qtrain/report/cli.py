@@ -240,8 +240,10 @@ def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Refe
     last = int(max(run.metrics.epoch.max() for run in runs if "epoch" in run.metrics))
     shares = shares_table(runs, reference, args.shares_at or [last])
     what = f"{next(iter(configs))}, {len(runs)} run{'s' if len(runs) > 1 else ''}"
-    sections = [(f"Against the reference {reference.name} ({what}): per epoch, ours the mean over the runs", table, ""),
-                (f"Against the reference {reference.name}: the differences from epoch {args.reference_from}", summary, "")]
+    sections = [(f"Against the reference {reference.name} ({what}): per epoch, ours the mean over the runs",
+                 table.round(3), ""),
+                (f"Against the reference {reference.name}: the differences from epoch {args.reference_from}",
+                 summary.round(3), "")]
     if not shares.empty:
         sections.append((f"Against the reference {reference.name}: each gated block's most chosen option", shares, ""))
     return reference, sections

@@ -76,9 +76,23 @@ def load_reference(path: Path) -> Reference:
     return Reference(path.stem, curve, shares)
 
 
+def _epoch_cp(metrics: pd.DataFrame) -> pd.Series | None:
+    """Each epoch's own cost in percent of float32's: the method's ``cp`` where it records one (DFQ, FracTrain), else
+    from the cumulative effective MACs and their percentage (the epoch's MACs over its float32 MACs)."""
+    if "cp" in metrics:
+        return metrics.set_index("epoch")["cp"]
+    if not {"effective_macs", "percent_of_float32"} <= set(metrics):
+        return None
+    macs = metrics.set_index("epoch")["effective_macs"]
+    float32 = macs * 100.0 / metrics.set_index("epoch")["percent_of_float32"]
+    return 100.0 * macs.diff().fillna(macs) / float32.diff().fillna(float32)
+
+
 def _ours(runs: list[Run], column: str) -> pd.Series:
     """The runs' mean of a metrics column by epoch (over the runs that have that epoch)."""
-    frames = [run.metrics.set_index("epoch")[column] for run in runs if column in run.metrics and "epoch" in run.metrics]
+    frames = [_epoch_cp(run.metrics) if column == "cp" else run.metrics.set_index("epoch")[column]
+              for run in runs if "epoch" in run.metrics and (column in run.metrics or column == "cp")]
+    frames = [frame for frame in frames if frame is not None]
     return pd.concat(frames, axis=1).mean(axis=1) if frames else pd.Series(dtype=float)
 
 
@@ -152,7 +166,7 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
 def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | None:
     """The runs' curves (mean and band over seeds) with the reference's over them, one panel a figure."""
     panels = [(column, name, scale, theirs_scale) for column, name, scale, theirs_scale, _ in COLUMNS
-              if column in reference.curve and any(column in run.metrics for run in runs)]
+              if column in reference.curve and column != "cp" and any(column in run.metrics for run in runs)]
     if not panels:
         return None
     fig = Figure(figsize=(4.2 * len(panels), 4.0), layout="constrained")
