@@ -305,8 +305,8 @@ def test_scaled_fp8_equals_torch_cast_of_the_scaled_tensor(name):
     for scale in (torch.tensor(3.7), torch.tensor(2.0**-5), torch.tensor(1000.0)):
         scaled = x * scale
         ref = scaled.clamp(-largest, largest).to(FP8_CASTS[name]).float()
-        if name == "e5m2":
-            ref = torch.where(scaled.isinf(), scaled, ref)
+        if name == "e5m2":  # infinities stay; a finite x whose product overflows float32 saturates like the rest
+            ref = torch.where(x.isinf(), scaled, ref)
         _assert_same_bits(scaled_fp8(x, name, scale), ref * (1 / scale))
     current = fp8_scale(x.abs().amax(), name)
     _assert_same_bits(current_scaled_fp8(x, name), scaled_fp8(x, name, current))
@@ -314,6 +314,24 @@ def test_scaled_fp8_equals_torch_cast_of_the_scaled_tensor(name):
     amax_scale = fp8_scale(finite.abs().amax(), name, margin=2)
     _assert_same_bits(current_scaled_fp8(finite, name, margin=2), scaled_fp8(finite, name, amax_scale))
     assert current_scaled_fp8(torch.zeros(0), name).shape == (0,)
+
+
+@pytest.mark.parametrize("name", MX_FLOATS)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_a_finite_value_the_scale_takes_past_float32_saturates(name, rounding):
+    # a step of near-zero amax leaves float32's largest scale (fp8_scale of 1e-45); the next step's normal values
+    # overflow float32 when scaled, and must come out at the format's largest value like any finite overflow
+    scale = fp8_scale(torch.tensor(1e-45), name)
+    assert scale.item() == fp8_scaling.FLOAT32_MAX
+    x = torch.tensor([3.0, -2.0, 1e30, -1.0, 0.0, -0.0])
+    out = scaled_fp8(x, name, scale, rounding)
+    largest = torch.tensor(ELEMENTS[name].max_normal) * torch.reciprocal(scale)
+    assert out[:4].tolist() == [largest.item(), -largest.item(), largest.item(), -largest.item()]
+    assert out[4:].tolist() == [0.0, 0.0] and out[5].signbit()
+    specials = scaled_fp8(torch.tensor([INF, -INF, NAN]), name, scale, rounding)
+    assert specials[2].isnan()
+    if name == "e5m2":  # the one element format with infinities keeps them
+        assert specials[:2].tolist() == [INF, -INF]
 
 
 def _scales(history: AmaxHistory, amaxes: list[float]) -> list[float]:

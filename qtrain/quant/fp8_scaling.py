@@ -42,15 +42,20 @@ def fp8_scale(amax: torch.Tensor, fmt: ElementFormat | str, margin: int = 0,
 @fused
 def _scaled(x: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, key: torch.Tensor, *, elem: str,
             stochastic: bool) -> torch.Tensor:
-    return element_math(x * scale, key, elem=elem, stochastic=stochastic) * scale_inv
+    # a finite x that the scale takes past float32's range saturates as any finite value past the format's does
+    # (E5M2 would keep the product's inf); infinite and NaN x stay what they are
+    scaled = x * scale
+    scaled = torch.where(x.abs() < math.inf, scaled.clamp(-FLOAT32_MAX, FLOAT32_MAX), scaled)
+    return element_math(scaled, key, elem=elem, stochastic=stochastic) * scale_inv
 
 
 def scaled_fp8(x: torch.Tensor, fmt: ElementFormat | str, scale: torch.Tensor, rounding: Rounding = "nearest",
                key: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` through FP8 at a per-tensor ``scale``, returned dequantized in float32.
 
-    In this order, each step rounded in float32: ``y = x * scale``; ``q = y`` on ``fmt``'s grid (half to
-    even or stochastic, finite overflow saturating to ±max_normal, :func:`~qtrain.quant.elements.
+    In this order, each step rounded in float32: ``y = x * scale`` (a finite ``x`` whose product overflows float32
+    held at ±float32's largest value); ``q = y`` on ``fmt``'s grid (half to even or stochastic, finite overflow
+    saturating to ±max_normal, :func:`~qtrain.quant.elements.
     round_to_element`); ``q * scale_inv`` with ``scale_inv = 1 / scale``, as Transformer Engine dequantizes.
     """
     fmt = element_format(fmt)
