@@ -112,21 +112,49 @@ def strict_json(value: Any, **options: Any) -> str:
     return json.dumps(_finite(value), allow_nan=False, default=str, **options)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# the figures a report reads from a summary: (section or None for the top level, key), each a number or null
+SUMMARY_FIGURES = ((None, "best_test_acc"), (None, "epochs_completed"), ("final", "test_acc"), ("final", "test_loss"),
+                   ("final", "test_ppl"), ("cost", "effective_macs"), ("cost", "percent_of_float32"))
+
+
 def summary_problem(summary: Any) -> str:
-    """What makes a parsed ``summary.json`` unusable (``""`` where nothing does)."""
+    """What makes a parsed ``summary.json`` unusable (``""`` where nothing does): not an object, an unknown status,
+    or a figure the report reads that is not a number."""
     if not isinstance(summary, dict):
         return f"it holds a JSON {type(summary).__name__}, not an object"
     if summary.get("status") not in STATUSES:
         return f"its status is {summary.get('status', '(absent)')!r}, not one of {', '.join(STATUSES)}"
+    for section in ("final", "cost", "hardware"):
+        if summary.get(section) is not None and not isinstance(summary[section], dict):
+            return f"its {section} is a JSON {type(summary[section]).__name__}, not an object"
+    for section, key in SUMMARY_FIGURES:
+        value = (summary if section is None else summary.get(section) or {}).get(key)
+        if value is not None and not _is_number(value):
+            return f"its {key if section is None else f'{section}.{key}'} is {value!r}, not a number"
     return ""
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"it holds {name}, which JSON lacks")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"it holds {text}, beyond float range")
+    return value
 
 
 def load_summary(path: Path) -> dict[str, Any] | None:
     """The ``summary.json`` at ``path`` (None where there is none); ValueError saying why where it is unusable."""
     if not path.is_file():
         return None
-    try:
-        summary = json.loads(path.read_text())
+    try:  # strictly: NaN, Infinity and numbers past float range are not JSON (qtrain writes them as null)
+        summary = json.loads(path.read_text(), parse_constant=_refuse_constant, parse_float=_finite_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"it is not JSON ({type(err).__name__})") from None
     problem = summary_problem(summary)

@@ -789,6 +789,13 @@ def _damage(tmp_path, how):
         (run / "summary.json").write_text("[]")
     elif how == "summary without status":
         (run / "summary.json").write_text(json.dumps({"method": "sbm"}))
+    elif how in ("final a string", "test_acc a string", "NaN", "past float range"):
+        summary = json.loads((run / "summary.json").read_text())
+        summary["final"] = "done" if how == "final a string" else {"test_acc": "high" if how == "test_acc a string" else 0.5}
+        text = json.dumps(summary)
+        if how in ("NaN", "past float range"):
+            text = text.replace('"best_test_acc": 0.5', '"best_test_acc": ' + ("NaN" if how == "NaN" else "1e999"))
+        (run / "summary.json").write_text(text)
     elif how == "metrics not UTF-8":
         (run / "metrics.csv").write_bytes(b"epoch,test_acc\n1,\xff\xfe\n")
     else:
@@ -799,6 +806,10 @@ def _damage(tmp_path, how):
 @pytest.mark.parametrize("how,why", [
     ("summary a list", "summary.json: it holds a JSON list, not an object"),
     ("summary without status", "summary.json: its status is '(absent)', not one of completed, diverged, failed"),
+    ("final a string", "summary.json: its final is a JSON str, not an object"),
+    ("test_acc a string", "summary.json: its final.test_acc is 'high', not a number"),
+    ("NaN", "summary.json: it holds NaN, which JSON lacks"),
+    ("past float range", "summary.json: it holds 1e999, beyond float range"),
     ("metrics not UTF-8", "metrics.csv: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
     ("metrics with extra fields", "metrics.csv: ParserError: Error tokenizing data. C error: Expected 2 fields in "
                                   "line 3, saw 3"),
