@@ -226,8 +226,9 @@ def main() -> None:
     try:
         hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()
     except KeyboardInterrupt:  # Ctrl-C: the run keeps its last complete epoch, and the user knows what to do
-        print("qtrain: interrupted: each run keeps its last complete epoch (rerun the same command to resume)",
-              file=sys.stderr)
+        if distributed.is_writer():  # once, not from every torchrun rank
+            print("qtrain: interrupted: each run keeps its last complete epoch (rerun the same command to resume)",
+                  file=sys.stderr)
         sys.exit(130)
 
 

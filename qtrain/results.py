@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import math
 import os
@@ -76,6 +75,38 @@ def check_writable(run_dir: str | Path, what: str = "run directory") -> None:
         Path(tempfile.mkdtemp(dir=existing, prefix=".qtrain-probe-")).rmdir()
     except OSError as err:
         raise RunDirError(f"cannot write to the {what} {run_dir}: {err.strerror} in {existing}") from None
+
+
+class _RecordingWriter:
+    """A file's ``write`` and ``flush`` that remember the OSError a write raised."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """``torch.save(state, path)``, a refused write raised as the OSError it is (torch's own writer turns a full
+    disk into ``RuntimeError: ... unexpected pos``), streamed to the file (no copy of the state in memory)."""
+    import torch
+
+    with open(path, "wb") as file:
+        writer = _RecordingWriter(file)
+        try:
+            torch.save(state, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -247,13 +278,7 @@ class RunFiles:
             self._write(self.dir / HYDRA_DIR / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        import torch
-
-        # serialized in memory first: torch's own file writer reports a full disk as "unexpected pos", a plain write
-        # as the OSError it is
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        self._write(self.dir / CHECKPOINT, lambda tmp: tmp.write_bytes(buffer.getbuffer()))
+        self._write(self.dir / CHECKPOINT, lambda tmp: save_state(state, tmp))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         path = self.dir / CHECKPOINT

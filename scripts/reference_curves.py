@@ -462,8 +462,9 @@ def write_readme(path: Path, commit: str, listing: list[dict], same: dict[str, l
         "- `train_loss`, `train_acc`, `cp`, `cp_fw/eb/gc`: the epoch's own mean, derived from the logged running "
         "averages (never reset) at the epoch's last iteration and at the previous evaluation, images-weighted for loss "
         "and top-1 and iteration-weighted for cp, as the meters are; rounding of the 3-decimal logs leaves up to "
-        "about 0.0005 x (2k - 1) of error at epoch k; `*_sampled`: the mean of the epoch's 39 printed single-batch "
-        "values;",
+        "about 0.0005 x (2k - 1) of error at epoch k (the bound in each row's `train_rounding_bound`; the short "
+        "epoch 165 carries about 1.6, which is how its train top-1 can read above 100 %); `*_sampled`: the mean of "
+        "the epoch's 39 printed single-batch values;",
         "- `cp_source`: `logged` (the gated runs' training cp) or `bits` (static and PFQ runs: "
         "(FW*FW + 2*FW*BW) / 3 / 32^2, train_base.py's count, from the bits in force at the epoch's start);",
         "- `lr`, `target_cp`, `fw_bits`, `bw_bits`: in force at the epoch's start (the logs print them every 390 "

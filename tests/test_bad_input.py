@@ -251,6 +251,10 @@ UNSAFE = {
     "sweeper class": ["hydra.sweeper._target_=pathlib.Path.touch"],
     "environment": ["hydra.job.env_set.LD_PRELOAD=MARKER"],
     "a whole subtree": ["hydra.job={env_set:{X:MARKER}}"],
+    "sweeper's params": ["hydra.sweeper.params={optim._target_:pathlib.Path.touch}"],
+    "sweeper chosen": ["hydra/sweeper=basic"],
+    "a node made from a string": ["hydra.launcher.n_jobs='${oc.create:{a:1}}'"],
+    "a group placed under the callbacks": ["+hydra/sweeper@hydra.callbacks.x=basic"],
     "optimizer class": ["optim._target_=pathlib.Path.touch"],
     "nested instantiation": ["optim.lr={_target_:pathlib.Path.touch,_args_:[MARKER]}"],
 }

@@ -105,3 +105,22 @@ def test_a_run_without_a_cp_column_is_charged_each_epoch_from_its_cumulative_cos
     epochs = _section(text, "Against the reference ref (sbm, 1 run): per epoch").astype(float)
     assert epochs["cp ours"].tolist() == pytest.approx([10.0, 20.0])
     assert epochs["cp diff (points)"].tolist() == pytest.approx([0.0, -1.0])
+
+
+def test_gated_logs_loss_holds_the_cost_term_and_a_fully_skipped_block_keeps_its_number(tmp_path):
+    # block 0 skips every sample in epoch 2 (no rows), blocks 1 and 10 of stage 1 keep their numbers 1 and 2
+    rows = [{"epoch": e, "step": e, "layer": f"layer1.{b}.block.conv1", "format": "range-linear", "share": 1.0,
+             "weight_bits": 4, "act_bits": 6, "grad_bits": 8, "grad_weight_bits": 8, "density": 1.0}
+            for e in (1, 2) for b in (0, 1, 10) if not (e == 2 and b == 0)]
+    fake_run(tmp_path / "runs", "a", "dfq", [0.4, 0.5], [1e9, 2e9], model="resnet74", precision=rows,
+             metrics_extra={"train_loss": [1.0, 0.5], "cost_term": [0.1, -0.1]})
+    pd.DataFrame({"epoch": [1, 2], "train_loss": [1.1, 0.4], "cp_source": ["logged", "logged"]}).to_csv(
+        tmp_path / "ref.csv", index=False)
+    pd.DataFrame({"epoch": [2, 2, 2], "block": [0, 1, 2], "opt0_skip": [1.0, 0.0, 0.0],
+                  "opt1_fw6_bw8": [0.0, 1.0, 1.0]}).to_csv(tmp_path / "ref_gates.csv", index=False)
+    text = report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv"), "--shares-at", "2"])
+    epochs = _section(text, "Against the reference ref (dfq, 1 run): per epoch").astype(float)
+    assert epochs["train_loss ours"].tolist() == pytest.approx([1.1, 0.4])  # loss + cost term, as the log's
+    shares = _section(text, "Against the reference ref: each gated block's most chosen option").set_index("block")
+    assert shares["ours: most chosen"].tolist() == ["skipped", "FW6/BW8", "FW6/BW8"]
+    assert shares["same"].tolist() == ["True", "True", "True"]

@@ -401,3 +401,11 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     resumed = run_cli(*command[1:], cwd=tmp_path, raw=True)
     assert resumed.returncode == 0, resumed.stderr
     assert len(pd.read_csv(tmp_path / "run" / "metrics.csv")) == 8
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_checkpoint_on_a_full_disk_is_the_no_space_error():
+    # /dev/full refuses every write with ENOSPC; torch's own writer would report it as "unexpected pos"
+    with pytest.raises(OSError) as caught:
+        qtrain.results.save_state({"weights": torch.randn(300_000)}, Path("/dev/full"))
+    assert caught.value.errno == errno.ENOSPC

@@ -20,7 +20,12 @@ MAX_COMPOSED = 16
 # launcher's and sweeper's classes and the job's environment. A key under one of these, or above one (a whole
 # subtree given at once), is refused; the rest of hydra.* (run.dir, sweep.dir, the launchers' keys) is the user's.
 UNSAFE_HYDRA_KEYS = ("hydra.callbacks", "hydra.searchpath", "hydra.job_logging", "hydra.hydra_logging",
-                     "hydra.launcher._target_", "hydra.sweeper._target_", "hydra.job.env_set")
+                     "hydra.launcher._target_", "hydra.sweeper", "hydra.job.env_set")
+# the sweeper as a whole (its params become each job's overrides, past these checks) and the groups that would
+# place a config under an unsafe key
+UNSAFE_HYDRA_GROUPS = ("hydra/sweeper", "hydra/callbacks", "hydra/job_logging", "hydra/hydra_logging")
+# resolvers that turn a string into a config node, which Hydra may then instantiate
+NODE_RESOLVERS = ("oc.create", "oc.decode")
 # Hydra's instantiation keys: a value holding one makes Hydra call the function it names (conf/optim and conf/sched
 # name theirs in their files; the command line chooses among them with optim=NAME, sched=NAME)
 INSTANTIATION_KEYS = ("_target_", "_args_", "_partial_", "_recursive_", "_convert_")
@@ -189,12 +194,16 @@ def _holds_instantiation(value: Any) -> bool:
 def _check_safe(override: Any) -> None:
     """Refuse an override through which the command line could make qtrain call a function of its choosing."""
     key, text = override.key_or_group, override.input_line or override.key_or_group
-    parts = key.split(".")
+    placed = [key] + ([override.package] if override.package else [])  # a group's config placed under a package
     for unsafe in UNSAFE_HYDRA_KEYS:
-        if key == unsafe or key.startswith(f"{unsafe}.") or unsafe.startswith(f"{key}."):
+        if any(k == unsafe or k.startswith(f"{unsafe}.") or unsafe.startswith(f"{k}.") for k in placed):
             raise ConfigError(f"{text} is not allowed: {unsafe} is qtrain's own (set hydra.run.dir, hydra.sweep.dir "
                               "or the launcher's keys instead)")
-    if parts[-1] in INSTANTIATION_KEYS or any(map(_holds_instantiation, override_values(override))):
+    if key in UNSAFE_HYDRA_GROUPS or (key.startswith("hydra/") and (override.is_add() or override.is_delete()
+                                                                     or override.package)):
+        raise ConfigError(f"{text} is not allowed: qtrain chooses {key} itself (choose hydra/launcher=NAME only)")
+    if (key.split(".")[-1] in INSTANTIATION_KEYS or any(map(_holds_instantiation, override_values(override)))
+            or any(name in text for name in (*INSTANTIATION_KEYS, *NODE_RESOLVERS))):
         raise ConfigError(f"{text} is not allowed: the command line names no function for Hydra to call (choose the "
                           "optimizer and schedule with optim=NAME and sched=NAME)")
 

@@ -3,14 +3,16 @@
 ``qtrain-report RUN... --reference FILE`` reads FILE (``results/reference/*.csv``, written by
 ``scripts/reference_curves.py`` from the FracTrain authors' logs, or any file of the same columns) and sets the runs'
 own epochs beside it: a table of per-epoch differences with their mean and largest size, a figure of the runs' curves
-over the reference's, and, where the reference has a ``-shares`` file beside it, each gated block's option shares at
+over the reference's, and, where the reference has a ``_gates`` file beside it, each gated block's option shares at
 chosen epochs side by side. docs/reports.md ("Against a reference curve") says how the differences are counted.
 
 The reference's columns (the logs' own units): ``epoch`` (1 for the first), and any of ``train_loss`` and
-``train_acc`` (the epoch's own mean loss and top-1 in percent), ``test_loss``, ``test_acc`` (percent) and ``cp`` (the
-epoch's computation in percent of float32's). Its gates file (``<stem>_gates.csv`` beside it): ``epoch``, ``block``
-(the gated blocks numbered from 0 in the network's order) and one column of shares per option, ``optK_skip`` or
-``optK_fwA_bwB``. A run's gated blocks are its ``<stage>.<index>.block`` modules in that order.
+``train_acc`` (the epoch's own mean loss and top-1 in percent; where ``cp_source`` says ``logged``, a gated run's
+log, its loss holds the signed cost term, and ours is compared as ``train_loss + cost_term``), ``test_loss``,
+``test_acc`` (percent) and ``cp`` (the epoch's computation in percent of float32's). Its gates file
+(``<stem>_gates.csv`` beside it): ``epoch``, ``block`` (the gated blocks numbered from 0 in the network's order) and
+one column of shares per option, ``optK_skip`` or ``optK_fwA_bwB``. A run's gated blocks are its
+``<stage>.<index>.block`` modules in that order.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from qtrain.report.plots import SEEDS_NOTE, _config_lines, _legend, _option_shares, _save, _slug
+from qtrain.report.plots import SEEDS_NOTE, _config_lines, _legend, _save, _slug
 from qtrain.report.runs import ReportError, Run
 
 # (column, what it is, scale of ours and of the reference's to the table's unit, how a difference is counted):
@@ -42,24 +44,26 @@ class Reference:
     name: str
     curve: pd.DataFrame
     shares: pd.DataFrame | None
+    loss_with_cost: bool = False  # the logged training loss holds the gated runs' signed cost term
 
 
 def _read(path: Path, what: str) -> pd.DataFrame:
     try:
         return pd.read_csv(path)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise ReportError(f"--reference {path} is not allowed: {what} cannot be read as CSV ({err})") from None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ReportError(f"--reference {path} is not allowed: {what} cannot be read as CSV ({reason})") from None
 
 
 def load_reference(path: Path) -> Reference:
-    """The reference curve in ``path`` and its shares file (``<stem>-shares.csv`` beside it), if there is one."""
-    curve = _read(path, "it")
+    """The reference curve in ``path`` and its gates file (``<stem>_gates.csv`` beside it), if there is one."""
+    raw = curve = _read(path, "it")
     known = [column for column, *_ in COLUMNS if column in curve]
     if "epoch" not in curve or not known:
         raise ReportError(f"--reference {path} is not allowed: it needs an epoch column and one of "
                           f"{', '.join(column for column, *_ in COLUMNS)} (it has: {', '.join(map(str, curve.columns))})")
     epochs = pd.to_numeric(curve.epoch, errors="coerce")
-    if epochs.isna().any() or (epochs < 1).any() or epochs.duplicated().any():
+    if epochs.isna().any() or (epochs < 1).any() or (epochs % 1 != 0).any() or epochs.duplicated().any():
         raise ReportError(f"--reference {path} is not allowed: its epochs must be distinct whole numbers from 1")
     curve = curve.assign(epoch=epochs.astype(int)).set_index("epoch").sort_index()[known].apply(pd.to_numeric, errors="coerce")
     gates_path = path.with_name(f"{path.stem}_gates.csv")
@@ -73,7 +77,8 @@ def load_reference(path: Path) -> Reference:
                               "and one optK_skip or optK_fwA_bwB column per option")
         shares = gates.melt(id_vars=["epoch", "block"], value_vars=list(options), var_name="option", value_name="share")
         shares["option"] = shares.option.map(options)
-    return Reference(path.stem, curve, shares)
+    gated = "cp_source" in raw and (raw.cp_source == "logged").any()
+    return Reference(path.stem, curve, shares, loss_with_cost=bool(gated))
 
 
 def _epoch_cp(metrics: pd.DataFrame) -> pd.Series | None:
@@ -105,6 +110,8 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
         if column not in reference.curve:
             continue
         ours = _ours(runs, column)
+        if column == "train_loss" and reference.loss_with_cost:  # set ours on the same footing: loss + cost term
+            ours = ours + _ours(runs, "cost_term").reindex(ours.index).fillna(0.0)
         theirs = reference.curve[column].dropna()
         common = ours.index.intersection(theirs.index)
         if common.empty:
@@ -125,19 +132,32 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
     return table, pd.DataFrame(summary)
 
 
+def _network_order(name: str) -> list[int]:
+    """A layer's place in the network from the numbers in its name (``layer2.10`` after ``layer2.9``)."""
+    return [int(n) for n in re.findall(r"\d+", name)]
+
+
 def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
-    """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0):
-    each block's first quantized layer, as the block's gate decides for all of its layers."""
-    if run.precision.empty or epoch not in set(run.precision.epoch):
+    """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0 over
+    every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``): each block's first
+    quantized layer, as the block's gate decides for all of its layers. A block with no row that epoch skipped
+    every sample."""
+    precision = run.precision
+    if precision.empty or not {"layer", "share", "act_bits", "grad_bits"} <= set(precision) \
+            or epoch not in set(precision.epoch):
         return None
-    found = _option_shares(run.precision[run.precision.epoch == epoch])
-    if found is None:
+    layers = [name for name in dict.fromkeys(precision.layer) if ".block." in str(name)]
+    blocks = sorted({name.split(".block.")[0] for name in layers}, key=_network_order)
+    if not blocks:
         return None
-    shares = found[0]
-    blocks = [name for name in shares.index if ".block." in name]
-    firsts = sorted({name.split(".block.")[0] for name in blocks}, key=lambda b: [int(n) for n in re.findall(r"\d+", b)])
-    rows = [shares.loc[next(name for name in blocks if name.startswith(f"{first}.block."))] for first in firsts]
-    return pd.DataFrame(rows, index=range(len(rows))).rename_axis("block")
+    rows = precision[(precision.epoch == epoch) & precision.share.notna()]
+    rows = rows.assign(option=[f"FW{a:g}/BW{g:g}" for a, g in zip(rows.act_bits, rows.grad_bits)])
+    found = []
+    for block in blocks:
+        first = min((name for name in layers if name.startswith(f"{block}.block.")), key=_network_order)
+        shares = rows[rows.layer == first].groupby("option")["share"].sum()
+        found.append({**shares.to_dict(), "skipped": max(0.0, 1.0 - float(shares.sum()))})
+    return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block")
 
 
 def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd.DataFrame:
@@ -152,7 +172,7 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
         found = [shares for run in runs if (shares := _block_shares(run, epoch)) is not None]
         if theirs.empty or not found:
             continue
-        ours = pd.concat(found).groupby(level=0).mean().fillna(0.0)
+        ours = pd.concat(found).fillna(0.0).groupby(level=0).mean()  # an option a seed lacks counts as 0 there
         for block in theirs.index.intersection(ours.index):
             mine, ref = ours.loc[block], theirs.loc[block].fillna(0.0)
             top_ours, top_ref = mine.idxmax(), ref.idxmax()
