@@ -123,13 +123,21 @@ class RunCallback(Callback):
         record = {"num": config.hydra.job.num, "dir": config.hydra.runtime.output_dir, **outcome}
         from qtrain.results import atomic_write, strict_json
 
-        atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(strict_json(record)))
+        try:
+            atomic_write(self.manifest / f"{record['num']}.json", lambda tmp: tmp.write_text(strict_json(record)))
+        except OSError as err:  # a full disk: the sweep's end counts the job as unrecorded
+            print(f"qtrain: error: job {record['num']}: cannot record its outcome in {self.manifest}: "
+                  f"{err.strerror or err}", file=sys.stderr)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.manifest is None or not self.manifest.is_dir():
+        if self.manifest is None:
             return
-        jobs = [json.loads(path.read_text()) for path in self.manifest.glob("*.json")]
-        shutil.rmtree(self.manifest)
+        jobs = [json.loads(path.read_text()) for path in self.manifest.glob("*.json")] if self.manifest.is_dir() else []
+        shutil.rmtree(self.manifest, ignore_errors=True)
+        launched = sweep_size(list(config.hydra.overrides.task))
+        missing = (launched or 0) - len(jobs)
+        if not jobs and not missing:
+            return
         print(sweep_table(jobs))
         finished = [job["dir"] for job in jobs if job["status"] != "failed" and (Path(job["dir"]) / "summary.json").is_file()]
         if finished:
@@ -137,7 +145,10 @@ class RunCallback(Callback):
         bad = [job for job in sorted(jobs, key=lambda j: j["num"]) if job["status"] != "completed"]
         for job in bad:
             print(f"qtrain: error: job {job['num']} {job['status']}: {job['error']}", file=sys.stderr)
-        if bad:
+        if missing > 0:
+            print(f"qtrain: error: {missing} of the sweep's {launched} jobs left no record (a full disk, or a job killed "
+                  "from outside): rerun the sweep to resume them", file=sys.stderr)
+        if bad or missing > 0:
             sys.exit(1)
 
 

@@ -255,3 +255,26 @@ def test_keep_freed_memory_stops_the_page_faults_of_freed_tensors():
     assert kept == 1
     # every 4 KiB page of every tensor faults each time (fewer where the kernel maps huge pages), none once kept
     assert before > 1000 and after < before // 100
+
+
+def test_a_job_whose_record_cannot_be_written_is_counted_and_fails_the_sweep(tmp_path, capsys):
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from qtrain.cli import RunCallback
+
+    callback = RunCallback()
+    (tmp_path / "full").write_text("")  # the manifest's folder cannot be made under a file: every record fails
+    callback.manifest = tmp_path / "full" / "manifest"
+    sweep = OmegaConf.create({"hydra": {"overrides": {"task": ["seed=0,1"]}}})
+    for num in (0, 1):
+        job = OmegaConf.create({"hydra": {"job": {"num": num}, "runtime": {"output_dir": str(tmp_path / str(num))}}})
+        done = JobReturn()
+        done.status, done.return_value = JobStatus.COMPLETED, {"status": "completed"}
+        callback.on_job_end(job, done)
+    with pytest.raises(SystemExit) as ended:
+        callback.on_multirun_end(sweep)
+    assert ended.value.code == 1
+    errors = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[2].strip() for line in errors[:2]] == ["job 0", "job 1"]
+    assert errors[-1] == ("qtrain: error: 2 of the sweep's 2 jobs left no record (a full disk, or a job killed from "
+                          "outside): rerun the sweep to resume them")
