@@ -52,6 +52,7 @@ def test_each_epoch_beside_the_reference_with_the_differences_counted_by_hand(ru
     epochs = _section(text, "Against the reference ref (dfq, 2 runs): per epoch").astype(float).set_index("epoch")
     # training accuracy: the seeds' mean 32, 51, 59 % against 30, 50, 60 %
     assert epochs["train_acc diff (points)"].tolist() == pytest.approx([2.0, 1.0, -1.0])
+    assert epochs["train_acc seeds' range"].tolist() == pytest.approx([2.0, 2.0, 2.0])  # 31/33, 52/50, 58/60 %
     # training loss: the mean 2.1, 1.05, 0.55 against 2.0, 1.0, 0.5, in percent of the reference's
     assert epochs["train_loss diff (%)"].tolist() == pytest.approx([5.0, 5.0, 10.0])
     assert epochs["cp diff (points)"].tolist() == pytest.approx([-0.1, 0.1, 0.2])

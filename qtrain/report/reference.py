@@ -93,12 +93,18 @@ def _epoch_cp(metrics: pd.DataFrame) -> pd.Series | None:
     return 100.0 * macs.diff().fillna(macs) / float32.diff().fillna(float32)
 
 
-def _ours(runs: list[Run], column: str) -> pd.Series:
-    """The runs' mean of a metrics column by epoch (over the runs that have that epoch)."""
+def _per_run(runs: list[Run], column: str) -> pd.DataFrame:
+    """A metrics column by epoch, one column per run that has it."""
     frames = [_epoch_cp(run.metrics) if column == "cp" else run.metrics.set_index("epoch")[column]
               for run in runs if "epoch" in run.metrics and (column in run.metrics or column == "cp")]
     frames = [frame for frame in frames if frame is not None]
-    return pd.concat(frames, axis=1).mean(axis=1) if frames else pd.Series(dtype=float)
+    return pd.concat(frames, axis=1, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _ours(runs: list[Run], column: str) -> pd.Series:
+    """The runs' mean of a metrics column by epoch (over the runs that have that epoch)."""
+    frame = _per_run(runs, column)
+    return frame.mean(axis=1) if not frame.empty else pd.Series(dtype=float)
 
 
 def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -120,6 +126,9 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
         diff = (a - b) if how == "points" else 100.0 * (a - b) / b.abs()
         unit = "points" if how == "points" else "%"
         rows[f"{column} ours"], rows[f"{column} reference"], rows[f"{column} diff ({unit})"] = a, b, diff
+        seeds = _per_run(runs, column).reindex(common) * ours_scale
+        if seeds.shape[1] > 1:  # the noise floor: how far the seeds lie apart (in the figure's own unit)
+            rows[f"{column} seeds' range"] = seeds.max(axis=1) - seeds.min(axis=1)
         counted = diff[diff.index >= first]
         if not counted.empty:
             summary.append({"figure": column, "difference": "ours - reference" + (" (points)" if how == "points" else
