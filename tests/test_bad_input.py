@@ -54,6 +54,14 @@ CASES = {
     "added key": (["+train.epoch=3"], None, "+train.epoch=3 is not allowed: nothing reads train.epoch "
                                             "(did you mean train.epochs?)"),
     "added existing key": (["+seed=3"], None, "+seed=3 is not allowed: seed is set already (drop the +)"),
+    # once tracebacks, or a run under another group's name
+    "seed past numpy's range": (["seed=99999999999999999999999"], None,
+                                "seed=99999999999999999999999 is not allowed: it must be an integer in [0, 2147483647]"),
+    "a group renamed": (["data.name=cifar10"], None, "data.name=cifar10 is not allowed: choose the data with data=NAME"),
+    "a model renamed": (["model.name=resnet38"], None,
+                        "model.name=resnet38 is not allowed: choose the model with model=NAME"),
+    "FP8 margin past float32": (["method=fp8", "method.margin=100000"], None,
+                                "method.margin=100000 is not allowed: it must be an integer in [0, 127]"),
     "deleted key": (["~train.init_from"], None, "~train.init_from is not allowed: qtrain reads every key of its "
                                                 "config (set train.init_from instead)"),
     "nested misspelt key": (["method.grad_bit=4"], None, "unknown key method.grad_bit (did you mean method.grad_bits?)"),

@@ -242,6 +242,9 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
     configs = [compose_config(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)]
     for override in keys:
         key, text = override.key_or_group, override.input_line or override.key_or_group
+        group, _, leaf = key.partition(".")
+        if group in GROUPS and leaf == "name":  # the name is the group's choice: renaming it would mislabel the run
+            raise ConfigError(f"{text} is not allowed: choose the {group} with {group}=NAME")
         if override.is_add():
             if all(_has_key(cfg, key) for cfg in configs):
                 raise ConfigError(f"{text} is not allowed: {key} is set already (drop the +)")

@@ -490,7 +490,7 @@ class FP8(FloatEnds):
     scaling: Scaling
     amax_history_len: int = bounded(1)
     amax_compute_algo: AmaxReduction
-    margin: int = bounded(0)
+    margin: int = bounded(0, 127)  # 2^margin must be a float32
 
 
 class BlockFormat(Enum):

@@ -33,9 +33,15 @@ class Bounds:
             value < self.high or (not self.high_open and value == self.high))
 
     def __str__(self) -> str:
+        low, high = _number_text(self.low), _number_text(self.high)
         if self.high == math.inf:
-            return f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"> {low}" if self.low_open else f">= {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number_text(value: float) -> str:
+    """A bound as a reader types it: a whole number in full (2147483647, not 2.14748e+09), others as %g."""
+    return str(int(value)) if math.isfinite(value) and value == int(value) and abs(value) < 1e15 else f"{value:g}"
 
 
 def bounded(low: float = -math.inf, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Any:
@@ -127,7 +133,7 @@ class Device(Enum):
 
 @dataclass(frozen=True)
 class TopLevel:
-    seed: int = bounded(0)
+    seed: int = bounded(0, 2**31 - 1)  # numpy's legacy seeding takes below 2^32, and ranks add 1,000,003 each
     device: Device
     force: bool
     progress: bool
