@@ -58,6 +58,11 @@ CASES = {
     "seed past numpy's range": (["seed=99999999999999999999999"], None,
                                 "seed=99999999999999999999999 is not allowed: it must be an integer in [0, 2147483647]"),
     "a group renamed": (["data.name=cifar10"], None, "data.name=cifar10 is not allowed: choose the data with data=NAME"),
+    "an unset environment variable": (["train.epochs=${oc.env:QTRAIN_UNSET_VARIABLE}"], None,
+                                      "train.epochs cannot be resolved: Environment variable 'QTRAIN_UNSET_VARIABLE' "
+                                      "not found"),
+    "a value that refers to itself": (["optim.lr=${optim.lr}"], None,
+                                      "optim.lr cannot be resolved: Recursive interpolation detected"),
     "a model renamed": (["model.name=resnet38"], None,
                         "model.name=resnet38 is not allowed: choose the model with model=NAME"),
     "FP8 margin past float32": (["method=fp8", "method.margin=100000"], None,

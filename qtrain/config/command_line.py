@@ -259,7 +259,8 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
 
 
 def _resolve(cfg: DictConfig) -> None:
-    """Resolve every interpolation of ``cfg``: a value a resolver refuses (``model.preset``) is a one-line error."""
+    """Resolve every interpolation of ``cfg``: a value a resolver refuses (``model.preset``), an interpolation of a
+    missing key or environment variable, or one that refers to itself, is a one-line error."""
     from omegaconf.errors import InterpolationResolutionError
 
     try:
@@ -268,6 +269,8 @@ def _resolve(cfg: DictConfig) -> None:
         cause = err.__cause__ or err.__context__
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
-        if cause is None:
-            raise
-        raise ConfigError(str(cause)) from None
+        if cause is not None:
+            raise ConfigError(str(cause)) from None
+        where = f"{err.full_key} " if getattr(err, "full_key", None) else ""
+        reason = str(err).strip().splitlines()[0].removeprefix("KeyError raised while resolving interpolation: ")
+        raise ConfigError(f"{where}cannot be resolved: {reason.strip(chr(34))}") from None
