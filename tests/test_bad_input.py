@@ -61,6 +61,8 @@ CASES = {
     "an unset environment variable": (["train.epochs=${oc.env:QTRAIN_UNSET_VARIABLE}"], None,
                                       "train.epochs cannot be resolved: Environment variable 'QTRAIN_UNSET_VARIABLE' "
                                       "not found"),
+    "milestones out of order": (["sched=multistep", "sched.milestones=[5,2]"], None,
+                                "sched.milestones=[5, 2] is not allowed: its epochs must increase"),
     "a value that refers to itself": (["optim.lr=${optim.lr}"], None,
                                       "optim.lr cannot be resolved: Recursive interpolation detected"),
     "a model renamed": (["model.name=resnet38"], None,

@@ -290,6 +290,8 @@ class MultiStep(EpochSchedule):
         milestones = self.milestones
         if not isinstance(milestones, ListConfig) or any(not is_integer(m) or m < 1 for m in milestones):
             raise not_allowed("sched.milestones", milestones, "it must be a list of epochs >= 1")
+        if any(a >= b for a, b in zip(milestones, milestones[1:])):  # torch would count a repeated one twice
+            raise not_allowed("sched.milestones", milestones, "its epochs must increase")
 
 
 @dataclass(frozen=True)
