@@ -297,6 +297,11 @@ def accuracy_cost_plot(group: Group, out: Path) -> Path | None:
     return _save(fig, out / f"accuracy-cost-{group.slug}.png")
 
 
+def option_name(act_bits: float, grad_bits: float) -> str:
+    """A per-sample precision option's name in tables and legends: ``FW4/BW12``."""
+    return f"FW{act_bits:g}/BW{grad_bits:g}"
+
+
 def _option_shares(precision: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
     """The last epoch's share of each precision option per layer (rows: layers), and what the shares are of.
 
@@ -315,7 +320,7 @@ def _option_shares(precision: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
     rows = last[(last.format != "float32") & last.share.notna()].dropna(subset=["act_bits", "grad_bits"])
     if rows.empty or rows.groupby("layer").size().max() < 2:  # one precision per layer: nothing is allocated
         return None
-    rows = rows.assign(option=[f"FW{a:g}/BW{g:g}" for a, g in zip(rows.act_bits, rows.grad_bits)])
+    rows = rows.assign(option=[option_name(a, g) for a, g in zip(rows.act_bits, rows.grad_bits)])
     shares = rows.pivot_table(index="layer", columns="option", values="share", aggfunc="sum", sort=False).fillna(0.0)
     shares = shares[sorted(shares.columns, key=lambda o: [float(v) for v in re.findall(r"[\d.]+", o)])]
     shares["skipped"] = (1.0 - shares.sum(axis=1)).clip(lower=0.0)

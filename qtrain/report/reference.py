@@ -24,16 +24,16 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from qtrain.report.plots import SEEDS_NOTE, _config_lines, _legend, _save, _slug
+from qtrain.report.plots import SEEDS_NOTE, _config_lines, _legend, _save, _slug, option_name
 from qtrain.report.runs import ReportError, Run
 
-# (column, what it is, scale of ours and of the reference's to the table's unit, how a difference is counted):
-# accuracies in points, losses in percent of the reference's value, cp in percentage points
-COLUMNS = (("train_loss", "training loss", 1.0, 1.0, "relative"),
-           ("train_acc", "training accuracy (%)", 100.0, 1.0, "points"),
-           ("test_loss", "test loss", 1.0, 1.0, "relative"),
-           ("test_acc", "test accuracy (%)", 100.0, 1.0, "points"),
-           ("cp", "computation (% of float32)", 1.0, 1.0, "points"))
+# (column, what it is, the scale from ours to the reference's unit, how a difference is counted): accuracies in
+# points (ours are shares, the logs' percent), losses in percent of the reference's value, cp in percentage points
+COLUMNS = (("train_loss", "training loss", 1.0, "relative"),
+           ("train_acc", "training accuracy (%)", 100.0, "points"),
+           ("test_loss", "test loss", 1.0, "relative"),
+           ("test_acc", "test accuracy (%)", 100.0, "points"),
+           ("cp", "computation (% of float32)", 1.0, "points"))
 OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
 
 
@@ -112,7 +112,7 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
     reference's: points of accuracy or cp, percent of the reference's loss); and per figure the mean and the largest
     size of the differences from epoch ``first`` on. Only the epochs both have count."""
     rows, summary = {}, []
-    for column, _, ours_scale, theirs_scale, how in COLUMNS:
+    for column, _, scale, how in COLUMNS:
         if column not in reference.curve:
             continue
         ours = _ours(runs, column)
@@ -122,11 +122,11 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
         common = ours.index.intersection(theirs.index)
         if common.empty:
             continue
-        a, b = ours[common] * ours_scale, theirs[common] * theirs_scale
+        a, b = ours[common] * scale, theirs[common]
         diff = (a - b) if how == "points" else 100.0 * (a - b) / b.abs()
         unit = "points" if how == "points" else "%"
         rows[f"{column} ours"], rows[f"{column} reference"], rows[f"{column} diff ({unit})"] = a, b, diff
-        seeds = _per_run(runs, column).reindex(common) * ours_scale
+        seeds = _per_run(runs, column).reindex(common) * scale
         if seeds.shape[1] > 1:  # the noise floor: how far the seeds lie apart (in the figure's own unit)
             rows[f"{column} seeds' range"] = seeds.max(axis=1) - seeds.min(axis=1)
         counted = diff[diff.index >= first]
@@ -160,7 +160,7 @@ def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
     if not blocks:
         return None
     rows = precision[(precision.epoch == epoch) & precision.share.notna()]
-    rows = rows.assign(option=[f"FW{a:g}/BW{g:g}" for a, g in zip(rows.act_bits, rows.grad_bits)])
+    rows = rows.assign(option=[option_name(a, g) for a, g in zip(rows.act_bits, rows.grad_bits)])
     found = []
     for block in blocks:
         first = min((name for name in layers if name.startswith(f"{block}.block.")), key=_network_order)
@@ -194,17 +194,17 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
 
 def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | None:
     """The runs' curves (mean and band over seeds) with the reference's over them, one panel a figure."""
-    panels = [(column, name, scale, theirs_scale) for column, name, scale, theirs_scale, _ in COLUMNS
+    panels = [(column, name, scale) for column, name, scale, _ in COLUMNS
               if column in reference.curve and column != "cp" and any(column in run.metrics for run in runs)]
     if not panels:
         return None
     fig = Figure(figsize=(4.2 * len(panels), 4.0), layout="constrained")
     drawn = []
     last = max(int(run.metrics.epoch.max()) for run in runs if "epoch" in run.metrics)
-    for i, (column, name, scale, theirs_scale) in enumerate(panels):
+    for i, (column, name, scale) in enumerate(panels):
         axes = fig.add_subplot(1, len(panels), i + 1)
         theirs = reference.curve[column].dropna().loc[:last]  # the reference over the runs' epochs only
-        axes.plot(theirs.index, theirs * theirs_scale, color="black", linestyle="--", linewidth=1.2,
+        axes.plot(theirs.index, theirs, color="black", linestyle="--", linewidth=1.2,
                   label=f"reference: {reference.name}")
         _config_lines([run for run in runs if column in run.metrics], axes, "epoch", column, scale)
         axes.set(xlabel="epoch", ylabel=name)
