@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -203,6 +204,15 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
     return {"status": summary["status"], **({"dir": shown} if twin else {})}
 
 
+class Terminated(BaseException):
+    """SIGTERM (a cluster's preemption, ``kill``): stop as Ctrl-C does. Raised in the main process, it unwinds a
+    parallel sweep's launcher, which then stops its worker processes; every run keeps its last complete epoch."""
+
+
+def _terminate(signum: int, frame: Any) -> NoReturn:
+    raise Terminated
+
+
 class _QuietCudaProbe(logging.Filter):
     """Drop torch's ``No CUDA runtime is found`` notice: on a CPU-only machine there is nothing to act on."""
 
@@ -234,13 +244,17 @@ def main() -> None:
     OmegaConf.register_new_resolver("qtrain.config_groups", lambda: config_groups(configs), replace=True)
     logging.getLogger("torch._inductor").setLevel(logging.ERROR)
     logging.getLogger("torch.utils.cpp_extension").addFilter(_QuietCudaProbe())
+    signal.signal(signal.SIGTERM, _terminate)
+    # a parallel sweep stopped by a signal leaves joblib's semaphores to the resource tracker, which would warn of them
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
     try:
         hydra.main(config_path=str(configs), config_name="config", version_base="1.3")(_task)()
-    except KeyboardInterrupt:  # Ctrl-C: the run keeps its last complete epoch, and the user knows what to do
+    except (KeyboardInterrupt, Terminated) as stop:  # the runs keep their last complete epoch; the user knows what to do
+        how, code = ("terminated", 143) if isinstance(stop, Terminated) else ("interrupted", 130)
         if distributed.is_writer():  # once, not from every torchrun rank
-            print("qtrain: interrupted: each run keeps its last complete epoch (rerun the same command to resume)",
+            print(f"qtrain: {how}: each run keeps its last complete epoch (rerun the same command to resume)",
                   file=sys.stderr)
-        sys.exit(130)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,26 @@ CASES = {
                            "data.fold=10 is not allowed: an integer from 0 to data.folds - 1 = 9, or null (the whole "
                            "training split)"),
     "one fold": (["data.folds=1"], None, "data.folds=1 is not allowed: it must be an integer >= 2"),
+    # synthetic data: 256 training and 64 test images of 4 classes; a sample of 40 takes 10 of each
+    "sample larger than its split": (["data.sample={train: 300}"], None,
+                                     "data.sample.train=300 is not allowed: a class-balanced sample of the train split "
+                                     "takes from 4 (one of each class) to 256 (the whole split) images"),
+    "sample smaller than the classes": (["data.sample={test: 3}"], None,
+                                        "data.sample.test=3 is not allowed: a class-balanced sample of the test split "
+                                        "takes from 4 (one of each class) to 64 (the whole split) images"),
+    "more folds than a class holds": (["data.sample={train: 40}", "data.fold=0", "data.folds=11"], None,
+                                      "data.folds=11 is not allowed: at most 10, the images of the training split's "
+                                      "smallest class (each fold holds part of every class)"),
+    "manual epochs under the automatic switch": (["method=pfq", "method.manual_epochs=[1]"], None,
+                                                 "method.manual_epochs=[1] is not allowed with method.switch=auto, which "
+                                                 "moves on at the loss indicator's turning points: set "
+                                                 "method.switch=manual, or leave manual_epochs empty"),
+    "empty run directory": (["hydra.run.dir="], None, "hydra.run.dir= is not allowed: hydra.run.dir names the run's "
+                            "folder (give a path, or leave it out for qtrain's own)"),
+    "sweep over no values": (["-m", "seed=range(0,0)"], None, "seed=range(0,0) sweeps over no values: give it one at least"),
+    # every job of a sweep is checked before the first starts: job 0 (one epoch) would otherwise train first
+    "a sweep's later value": (["-m", "train.epochs=1,0"], None,
+                              "train.epochs=0 is not allowed: it must be an integer >= 1"),
     "sample of a split that is not there": (["data.sample={train: 10, valid: 5}"], None,
                                             "data.sample={'train': 10, 'valid': 5} is not allowed: {train: N, test: M} "
                                             "with integers >= 1 (a split left out is taken whole), or null"),
@@ -171,7 +191,9 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, case):
     before = _tree(tmp_path)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     given = {a.partition("=")[0] for a in args}  # the case's keys replace TINY's; the case's own stay as written
-    result = run_cli(*(a for a in TINY if a.partition("=")[0] not in given), *args, cwd=work, raw=True)
+    flags = [a for a in args if a.startswith("-")]  # -m comes before the overrides
+    result = run_cli(*flags, *(a for a in TINY if a.partition("=")[0] not in given),
+                     *(a for a in args if a not in flags), cwd=work, raw=True)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"qtrain: error: {message.replace('{tmp}', str(tmp_path))}"]
     assert "epoch 1" not in result.stdout

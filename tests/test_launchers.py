@@ -8,8 +8,11 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,7 +24,7 @@ from qtrain.errors import ConfigError
 from qtrain.launch import job_tag, job_threads
 from qtrain.resources import conf_dir
 
-from .conftest import TINY, make_config, run_cli
+from .conftest import TINY, make_config, once, run_cli
 
 
 def test_each_parallel_job_gets_its_share_of_the_cores():
@@ -283,3 +286,27 @@ def test_a_job_whose_record_cannot_be_written_is_counted_and_fails_the_sweep(tmp
     assert [line.split(":")[2].strip() for line in errors[:2]] == ["job 0", "job 1"]
     assert errors[-1] == ("qtrain: error: 2 of the sweep's 2 jobs left no record (a full disk, or a job killed from "
                           "outside): rerun the sweep to resume them")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_parallel_sweep_and_its_jobs_which_keep_their_checkpoints(tmp_path):
+    """A cluster's preemption sends SIGTERM to the sweep's process: its jobs stop with it, not train on orphaned."""
+    exe = Path(sys.executable).with_name("qtrain")
+    line = once("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "seed=0,1", *TINY, "train.epochs=500",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    sweep = subprocess.Popen([str(exe), *line], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "sweep").rglob("checkpoint.pt"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sweep.poll() is None, sweep.communicate()[1]
+    sweep.send_signal(signal.SIGTERM)
+    _, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 143
+    assert stderr.splitlines()[-1] == ("qtrain: terminated: each run keeps its last complete epoch (rerun the same "
+                                       "command to resume)")
+    metrics = sorted((tmp_path / "sweep").rglob("metrics.csv"))
+    rows = [len(path.read_text().splitlines()) for path in metrics]
+    time.sleep(5)  # a job still training would write an epoch's row in about a second
+    assert [len(path.read_text().splitlines()) for path in metrics] == rows
+    assert len(metrics) == 2 and all(n >= 2 for n in rows)

@@ -15,6 +15,8 @@ GROUPS = ("method", "model", "data", "optim", "sched", "experiment", "scale")
 LAUNCHER = "hydra/launcher"  # Hydra's group of launchers: conf/hydra/launcher/ adds qtrain's (parallel, slurm)
 # Combinations of group choices whose composed configs the command-line check reads (a sweep may name more).
 MAX_COMPOSED = 16
+MAX_VALIDATED = 64  # a sweep's jobs checked before its first starts (beyond it, each job checks its own)
+DIRECTORY_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
 # Hydra keys through which a command line could make qtrain call any function, read any config file or set the
 # environment: the callbacks (qtrain's own run callback among them), the config search path, logging handlers, the
 # launcher's and sweeper's classes and the job's environment. A key under one of these, or above one (a whole
@@ -221,6 +223,13 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
             raise ConfigError(f"{key} is given twice ({seen[key]}, {text}): give it once")
         seen[key] = text
     _check_launcher([o for o in everything if o.is_hydra_override()], conf_dir)
+    for override in everything:
+        text = override.input_line or override.key_or_group
+        if override.key_or_group in DIRECTORY_KEYS and any(not str(v).strip() for v in override_values(override)):
+            raise ConfigError(f"{text} is not allowed: {override.key_or_group} names the run's folder (give a path, or "
+                              "leave it out for qtrain's own)")
+        if _expands_to_nothing(override):
+            raise ConfigError(f"{text} sweeps over no values: give it one at least")
     parsed = [o for o in everything if not o.is_hydra_override()]
     for override in parsed:
         text = override.input_line or override.key_or_group
@@ -237,9 +246,10 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
     choices = [[f"{o.key_or_group}={'null' if v is None else v}" for v in override_values(o)] for o in parsed
                if _is_group(o) and override_values(o)]  # a glob sweep's choices are Hydra's to expand: the default stands in
     keys = [o for o in parsed if not _is_group(o)]
-    if not keys:
+    if not keys and not multirun:
         return
-    configs = [compose_config(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)]
+    configs = [compose_config(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)
+               if keys]
     for override in keys:
         key, text = override.key_or_group, override.input_line or override.key_or_group
         group, _, leaf = key.partition(".")
@@ -253,9 +263,34 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
             raise ConfigError(f"{text} is not allowed: qtrain reads every key of its config (set {key} instead)")
         for cfg in configs:
             _check_key(cfg, override)
-    settings = [o.input_line for o in keys if not o.is_sweep_override()]
-    for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED):
-        _resolve(compose_config(conf_dir, [*combo, *settings]))
+    if not multirun:
+        settings = [o.input_line for o in keys if not o.is_sweep_override()]
+        for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED):
+            _resolve(compose_config(conf_dir, [*combo, *settings]))
+        return
+    from qtrain.config.checks import validate
+
+    # every job's values pass the checks before the first job starts
+    for job in itertools.islice(itertools.product(*map(_job_values, parsed)), MAX_VALIDATED):
+        cfg = compose_config(conf_dir, [text for text in job if text])
+        _resolve(cfg)
+        validate(cfg)
+
+
+def _expands_to_nothing(override: Any) -> bool:
+    """A sweep whose values Hydra would expand to none (``range(0,0)``): its sweep would run no job."""
+    return (override.is_sweep_override() and override.is_discrete_sweep()
+            and override.value_type.name != "GLOB_CHOICE_SWEEP" and not override_values(override))
+
+
+def _job_values(override: Any) -> list[str]:
+    """The override as each job of a sweep gets it: one per swept value; none for a glob or an interval sweep,
+    whose values are Hydra's to expand (the default stands in)."""
+    if not override.is_sweep_override():
+        return [override.input_line]
+    if not override.is_discrete_sweep() or override.value_type.name == "GLOB_CHOICE_SWEEP":
+        return [""]
+    return [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
 
 
 def _resolve(cfg: DictConfig) -> None:

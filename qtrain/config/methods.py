@@ -108,6 +108,9 @@ class Progressive(MethodConfig):
         if self.switch is Switch.MANUAL and (len(epochs) != stages - 1 or epochs != sorted(set(epochs))):
             raise ConfigError(f"method.manual_epochs={epochs} is not allowed: with switch=manual it lists the "
                               f"{stages - 1} increasing epochs (>= 1) after which the next of the {stages} stages starts")
+        if self.switch is Switch.AUTO and epochs:
+            raise ConfigError(f"method.manual_epochs={epochs} is not allowed with method.switch=auto, which moves on at "
+                              "the loss indicator's turning points: set method.switch=manual, or leave manual_epochs empty")
 
 
 @dataclass(frozen=True)

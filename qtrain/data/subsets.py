@@ -77,9 +77,18 @@ def take_sample(data: DataT, sample: DictConfig | None) -> DataT:
     (a split ``sample`` leaves out stays whole)."""
     if sample is None:
         return data
-    splits = {name: getattr(data, name) for name in ("train", "test")}
-    return replace(data, **{name: split.take(balanced(split.labels, sample[name], data.num_classes))
-                            for name, split in splits.items() if name in sample})
+    taken = {}
+    for name in sample:
+        split, size = getattr(data, name), sample[name]
+        if size > len(split) or size < data.num_classes:
+            raise ConfigError(f"data.sample.{name}={size} is not allowed: a class-balanced sample of the {name} split "
+                              f"takes from {data.num_classes} (one of each class) to {len(split)} (the whole split) images")
+        index = balanced(split.labels, size, data.num_classes)
+        if len(index) < size:
+            raise ConfigError(f"data.sample.{name}={size} is not allowed: some class of the {name} split has fewer than "
+                              f"the {-(-size // data.num_classes)} images a class-balanced sample of {size} takes from each")
+        taken[name] = split.take(index)
+    return replace(data, **taken)
 
 
 def take_subset(data: DataT, subset: DictConfig | None) -> DataT:
@@ -99,6 +108,10 @@ def take_fold(data: DataT, fold: int | None, folds: int) -> DataT:
     """``data`` itself, or ``data`` training on every part of ``folds`` but the held-out part ``fold``."""
     if fold is None:
         return data
+    smallest = int(data.train.labels.unique(return_counts=True)[1].min()) if len(data.train.labels) else 0
+    if folds > smallest:
+        raise ConfigError(f"data.folds={folds} is not allowed: at most {smallest}, the images of the training split's "
+                          "smallest class (each fold holds part of every class)")
     keep = torch.ones(len(data.train.labels), dtype=torch.bool)
     keep[fold_out(data.train.labels, fold, folds)] = False
     return replace(data, train=data.train.take(keep.nonzero().flatten()))

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from qtrain.data.base import rank_slice
-from qtrain.errors import DataError
+from qtrain.errors import ConfigError, DataError
 from qtrain.task import LANGUAGE_MODEL, Task
 
 SPLITS = ("train", "valid", "test")
@@ -194,4 +194,8 @@ def first_tokens(data: TextData, sample: DictConfig | None) -> TextData:
     leaves out stays whole)."""
     if sample is None:
         return data
-    return replace(data, **{name: getattr(data, name)[:sample[name]] for name in ("train", "test") if name in sample})
+    for name in sample:
+        if sample[name] > len(getattr(data, name)):
+            raise ConfigError(f"data.sample.{name}={sample[name]} is not allowed: the {name} split holds "
+                              f"{len(getattr(data, name))} tokens")
+    return replace(data, **{name: getattr(data, name)[:sample[name]] for name in sample})
