@@ -128,6 +128,23 @@ def load_state(path: Path) -> dict[str, Any]:
     return state
 
 
+# A completed run whose training loss ends this many times its first epoch's, and above EXPLODED_LOSS (no model at
+# chance has a cross-entropy that high: log(vocabulary) is under 12 for 100,000 classes), learned nothing usable.
+EXPLOSION_FACTOR, EXPLODED_LOSS = 100.0, 100.0
+
+
+def loss_explosion(train_losses: list[float]) -> dict[str, Any] | None:
+    """The epoch (from 1) at which the training loss first exceeded both bounds, with the losses; None if it never did."""
+    finite = [(epoch, loss) for epoch, loss in enumerate(train_losses, 1) if loss is not None and math.isfinite(loss)]
+    if not finite:
+        return None
+    first = finite[0][1]
+    for epoch, loss in finite[1:]:
+        if loss > EXPLODED_LOSS and loss > EXPLOSION_FACTOR * first:
+            return {"epoch": epoch, "train_loss": loss, "first_epoch_train_loss": first}
+    return None
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -37,7 +37,7 @@ from qtrain.models import build_model, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
-from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles, check_writable
+from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles, check_writable, loss_explosion
 from qtrain.task import Task
 from qtrain.train import Diverged, Progress, Trainer
 
@@ -193,6 +193,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         **({method.name: report} if report else {}),
         "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step,
                                                    "loss": str(diverged.loss)},  # nan or inf: JSON has neither
+        "loss_exploded": loss_explosion([row.get("train_loss") for row in progress.history]),
         "wall_seconds": progress.elapsed,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads(),

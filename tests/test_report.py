@@ -24,9 +24,10 @@ from omegaconf import OmegaConf
 from qtrain.report.cli import latex, main, report
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
 from qtrain.report.plots import _average_bits, by_config, config_label, config_style, groups, method_colour, write_plots
-from qtrain.report.runs import ReportError, find_runs
+from qtrain.report.runs import ReportError, find_runs, one_per_identity
 from qtrain.report.tables import display_frame, run_frame, summary_frame
 from qtrain.resources import conf_dir
+from qtrain.results import loss_explosion
 
 from .conftest import TINY, run_cli
 
@@ -60,6 +61,8 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
     metrics.to_csv(run_dir / "metrics.csv", index=False)
     if precision is not None:
         pd.DataFrame(precision).to_csv(run_dir / "precision.csv", index=False)
+    else:  # a float32 run's: no layer ever changed precision
+        (run_dir / "precision.csv").write_text("epoch\n")
     if status is not None:
         summary = {"status": status, "method": method, "model": model, "data": data, "seed": seed,
                    "epochs_completed": len(accs), "final": {"test_acc": accs[-1]}, "best_test_acc": max(accs),
@@ -798,6 +801,8 @@ def _damage(tmp_path, how):
         (run / "summary.json").write_text(text)
     elif how == "metrics not UTF-8":
         (run / "metrics.csv").write_bytes(b"epoch,test_acc\n1,\xff\xfe\n")
+    elif how == "precision with extra fields":
+        (run / "precision.csv").write_text("epoch,layer\n1,conv1\n2,conv1,8\n")
     else:
         (run / "metrics.csv").write_text("epoch,test_acc\n1,0.5\n2,0.6,7\n")
     return run
@@ -813,6 +818,8 @@ def _damage(tmp_path, how):
     ("metrics not UTF-8", "metrics.csv: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
     ("metrics with extra fields", "metrics.csv: ParserError: Error tokenizing data. C error: Expected 2 fields in "
                                   "line 3, saw 3"),
+    ("precision with extra fields", "precision.csv: ParserError: Error tokenizing data. C error: Expected 2 fields in "
+                                    "line 3, saw 3"),
 ])
 def test_a_damaged_run_is_a_row_and_the_report_goes_on(tmp_path, capsys, how, why):
     fake_run(tmp_path, "good", "sbm", [0.5, 0.7], [1e9, 2e9])
@@ -978,3 +985,46 @@ def test_the_report_draws_a_pareto_plot_per_model_and_data(tmp_path):
     assert list(frontier.get_ydata()) == pytest.approx([60.0, 69.5, 70.5])
     width, height = _png_size(paths[0])
     assert width > 300 and height > 200
+
+
+def test_a_missing_table_and_an_exploded_loss_are_noted_in_the_row(tmp_path):
+    # optim=adam optim.lr=1e3 in miniature: the loss climbs from 2.3 to 4e12 while the run completes
+    fake_run(tmp_path, "exploded", "sbm", [0.3, 0.1, 0.1], [1e9] * 3, metrics_extra={"train_loss": [2.3, 5e3, 4e12]})
+    fake_run(tmp_path, "steady", "sbm", [0.3, 0.5, 0.6], [1e9] * 3, seed=1, metrics_extra={"train_loss": [2.3, 1.5, 1.2]})
+    (fake_run(tmp_path, "no_precision", "float32", [0.5], [1e12]) / "precision.csv").unlink()
+    frame = run_frame(find_runs([tmp_path])).set_index("dir")
+    # 5e3 is over 100x epoch 1's 2.3 (and over 100): the first epoch past both bounds is named
+    assert frame.loc[str(tmp_path / "exploded"), "notes"] == "loss exploded: 5e+03 at epoch 2 (epoch 1: 2.3)"
+    assert frame.loc[str(tmp_path / "exploded"), "status"] == "completed"  # the rule stands; the row says why to doubt it
+    assert frame.loc[str(tmp_path / "steady"), "notes"] == ""
+    assert frame.loc[str(tmp_path / "no_precision"), "notes"] == "no precision.csv"
+    shown = display_frame(summary_frame(frame.reset_index())).set_index("method")
+    assert shown.loc["sbm", "notes"] == "loss exploded: 5e+03 at epoch 2 (epoch 1: 2.3)"
+
+
+def test_loss_explosion_needs_both_bounds():
+    assert loss_explosion([2.3, 1.0, 4e12]) == {"epoch": 3, "train_loss": 4e12, "first_epoch_train_loss": 2.3}
+    assert loss_explosion([0.5, 60.0]) is None  # 120x epoch 1's, but a loss a model at chance can have
+    assert loss_explosion([2.0, 150.0]) is None  # over 100, but only 75x epoch 1's
+    assert loss_explosion([1.0, 101.0])["epoch"] == 2
+    assert loss_explosion([float("nan"), 1.0, float("inf"), 200.0])["epoch"] == 4  # non-finite epochs: the diverged rule's
+    assert loss_explosion([]) is None and loss_explosion([None, 3.0]) is None
+
+
+def test_a_copy_of_a_finished_run_holding_only_its_checkpoint_is_counted_once(tmp_path):
+    import torch
+
+    from qtrain.config import digest, identity
+
+    done = fake_run(tmp_path, "done", "sbm", [0.5, 0.6], [1e9, 2e9])
+    summary = json.loads((done / "summary.json").read_text())
+    summary["run_id"] = digest(identity(summary["config"]))
+    (done / "summary.json").write_text(json.dumps(summary))
+    copy = tmp_path / "copy"  # the run's folder copied before it finished, under a name without its id
+    copy.mkdir()
+    torch.save({"epoch": 1}, copy / "checkpoint.pt")  # the report reads no checkpoint: its presence marks a run
+    (copy / ".hydra").mkdir()
+    (copy / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(summary["config"]))
+    shutil.copy(done / "metrics.csv", copy / "metrics.csv")
+    kept, twins = one_per_identity(find_runs([tmp_path]))
+    assert [run.dir for run in kept] == [done] and [run.dir for run in twins] == [copy]

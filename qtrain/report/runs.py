@@ -2,7 +2,8 @@
 
 :class:`Run` reads one directory (a folder holding ``summary.json``, ``checkpoint.pt`` or ``metrics.csv``):
 its status, its figures (from the last ``metrics.csv`` row while it has no summary), its scale and the data it
-stands for; a file that cannot be read makes it ``damaged: <file>: <why>`` and the report goes on.
+stands for; a file that cannot be read makes it ``damaged: <file>: <why>`` and the report goes on; its notes say
+what a status does not (a table of its epochs missing, a training loss that exploded).
 :func:`find_runs` finds the runs under the given folders; :func:`one_per_identity` keeps one directory per
 identity. docs/reports.md describes statuses and scales; docs/running.md the files (written by ``results.py``).
 """
@@ -22,8 +23,9 @@ import yaml
 from omegaconf import OmegaConf
 
 import qtrain.config  # noqa: F401 - registers the resolvers a run's .hydra/config.yaml may hold
+from qtrain.config import digest, identity
 from qtrain.errors import QtrainError
-from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary
+from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary, loss_explosion
 
 MARKERS = (SUMMARY, CHECKPOINT, METRICS)
 
@@ -128,18 +130,32 @@ class Run:
 
     @cached_property
     def status(self) -> str:
-        _ = self.metrics  # reading metrics.csv finds it damaged, if it is
+        _ = self.metrics, self.precision  # reading them finds them damaged, if they are
         if self.damage:
             return f"damaged: {self.damage}"
         if self.summary:
             return self.summary["status"]
         return "running" if _locked(self.dir) else "stopped"
 
-    @property
+    @cached_property
+    def notes(self) -> str:
+        """What its status does not say: a run file of its epochs missing, a training loss that exploded."""
+        notes = [f"no {name}" for name in (METRICS, PRECISION) if self.epochs and not (self.dir / name).is_file()]
+        losses = self.metrics["train_loss"].tolist() if "train_loss" in self.metrics else []
+        exploded = self.summary.get("loss_exploded") or loss_explosion(losses)
+        if exploded:
+            notes.append(f"loss exploded: {exploded['train_loss']:.3g} at epoch {exploded['epoch']} "
+                         f"(epoch 1: {exploded['first_epoch_train_loss']:.3g})")
+        return "; ".join(notes)
+
+    @cached_property
     def run_id(self) -> str | None:
-        """The digest of the run's identity: its summary's, else the one its directory's name ends in."""
+        """The digest of the run's identity: its summary's, else the one its directory's name ends in, else its
+        config's (a copy of a run directory under another name)."""
         found = re.search(r"id=([0-9a-f]{8})$", self.dir.name)
-        return self.summary.get("run_id") or (found.group(1) if found else None)
+        if self.summary.get("run_id") or found:
+            return self.summary.get("run_id") or found.group(1)
+        return digest(identity(self.config)) if self.config else None
 
     @cached_property
     def flat_config(self) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
         rows.append({
             "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run, runs),
             "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k)),
-            "seed": run.seed, "fold": run.get("data.fold"), "status": run.status,
+            "seed": run.seed, "fold": run.get("data.fold"), "status": run.status, "notes": run.notes,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
         })
     return pd.DataFrame(rows)
@@ -139,6 +139,10 @@ def best_of(runs: pd.DataFrame) -> pd.DataFrame:
 def _status(values: pd.Series) -> str:
     counts = values.value_counts()
     return counts.index[0] if len(counts) == 1 else ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def _notes(values: pd.Series) -> str:
+    return "; ".join(dict.fromkeys(note for note in values if note))
 
 
 FINISHED = ("completed", "diverged")
@@ -172,7 +176,8 @@ def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, ag
     if aggregate == "best":
         runs = best_of(runs)
     grouped = runs.groupby(CONFIG_COLUMNS, sort=False, dropna=False)
-    table = grouped.agg(runs=("status", "size"), status=("status", _status), epochs=("epochs", "max")).reset_index()
+    table = grouped.agg(runs=("status", "size"), status=("status", _status), notes=("notes", _notes),
+                        epochs=("epochs", "max")).reset_index()
     table["runs"] = [counts[key] for key in table[CONFIG_COLUMNS].itertuples(index=False, name=None)]
     for name in FIGURES:
         stats = grouped[name].agg(["mean", "std"]).reset_index(drop=True)
@@ -239,7 +244,7 @@ FORMATS = {"effective_macs": ".3e", **{f"{model}_{unit}": ".4g" for model, _ in 
 def display_frame(table: pd.DataFrame) -> pd.DataFrame:
     """``summary_frame`` for reading: ``mean ± std`` cells, labelled columns, columns no row fills dropped (the
     scale where every run is at paper scale)."""
-    shown = table[[*CONFIG_COLUMNS, "runs", "status", "epochs"]].copy()
+    shown = table[[*CONFIG_COLUMNS, "runs", "status", "notes", "epochs"]].copy()
     for name in (*SCORES, "savings", "paired", *HARDWARE_FIGURES):
         if f"{name}_mean" not in table or table[f"{name}_mean"].isna().all():
             continue
@@ -247,7 +252,7 @@ def display_frame(table: pd.DataFrame) -> pd.DataFrame:
         shown[LABELS[name]] = [_shown(m, s, fmt) for m, s in zip(table[f"{name}_mean"], table[f"{name}_std"])]
         if name == "paired":
             shown[LABELS["better"]] = table["better"]
-    for column, plain in (("scale", "paper"), ("setting", ""), ("config", "")):
+    for column, plain in (("scale", "paper"), ("setting", ""), ("config", ""), ("notes", "")):
         if (shown[column] == plain).all():
             shown = shown.drop(columns=column)
     return shown
