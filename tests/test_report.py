@@ -1028,3 +1028,13 @@ def test_a_copy_of_a_finished_run_holding_only_its_checkpoint_is_counted_once(tm
     shutil.copy(done / "metrics.csv", copy / "metrics.csv")
     kept, twins = one_per_identity(find_runs([tmp_path]))
     assert [run.dir for run in kept] == [done] and [run.dir for run in twins] == [copy]
+
+
+def test_a_paper_table_without_a_matching_run_shows_the_published_cells(tmp_path):
+    fake_run(tmp_path, "other", "float32", [0.5], [1e12])  # ResNet-18 on CIFAR-100: no cell of FracTrain's Table 3
+    text = report([str(tmp_path), "--paper", "fractrain_table3"])
+    section = text.split("## FracTrain Table 3: the paper's cells (no run here matches one yet)")[1]
+    # the table as results/paper/fractrain_table3.csv transcribes the paper, the target before any run
+    row = next(line for line in section.splitlines() if "ResNet-38 CIFAR-10 / WAGEUBN / FW-8 / BW-8" in line
+               and "Acc (%)" in line)
+    assert [cell.strip() for cell in row.strip("|").split("|")][-2:] == ["91.81", "-"]
