@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := pyproject.toml $(shell find qtrain conf results/paper -name '*.py' -o -name '*.yaml' -o -name '*.csv' 2>/dev/null)
 
-.PHONY: run test test-full lint bench gpu-check
+.PHONY: run test test-full lint bench gpu-check default-job-figures
 
 # torch 2.14.1 + torchvision 0.29.1 first (pip takes them from local disk where they lie there),
 # then qtrain with its test extras, as a plain (non-editable) install.
@@ -22,6 +22,15 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 
 run: $(VENV)/.installed
 	$(VENV)/bin/qtrain
+
+# The README's table of the default job: it and its float32 twin, with the machine that ran them, into
+# results/default_job.txt (a test holds the README's copy to it).
+default-job-figures: $(VENV)/.installed
+	rm -rf $${TMPDIR:-/tmp}/qtrain-default-job
+	{ echo "# make default-job-figures: qtrain -m method=sbm,float32 on $$(nproc) cores of $$(uname -m)," \
+	    "torch $$($(PY) -c 'import torch; print(torch.__version__)'), $$(date -u +%Y-%m-%d)"; \
+	  $(VENV)/bin/qtrain -m method=sbm,float32 progress=false hydra.sweep.dir=$${TMPDIR:-/tmp}/qtrain-default-job \
+	    | sed -n '/^ *method /,$$p'; } > results/default_job.txt
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow"
