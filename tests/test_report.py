@@ -392,7 +392,7 @@ def test_report_command_end_to_end(tmp_path):
     assert table.loc["sbm", "test_acc_mean"] == pytest.approx(
         50 * (runs["sbm0"]["final"]["test_acc"] + runs["sbm1"]["final"]["test_acc"]))
     assert table.loc["sbm", "savings_mean"] == pytest.approx(100 - 6.25, abs=0.01)  # SBM's 8x8 bits / float32's 32x32
-    assert "| sbm " in done.stdout and "FracTrain Table 1: paper and ours" in done.stdout
+    assert "| sbm " in done.stdout and "FracTrain Table 1: the paper's cells (no run here matches one yet)" in done.stdout
     assert "\\begin{tabular}" in (tmp_path / "t.tex").read_text()
     page = (tmp_path / "plots" / "report.html").read_text()
     assert "<table" in page and "accuracy-cost" in page
@@ -679,7 +679,9 @@ def test_paper_tables_export_beside_the_runs_table(tmp_path):
     assert counts["not produced by qtrain"] == (load_table("fractrain_table3").method == "").sum()
     assert exported[exported.view == "not run yet"].why.str.startswith("qtrain ").all()
     dynasty = pd.read_csv(tmp_path / "t-dynasty_table1.csv")
-    assert set(dynasty.view) == {"not produced by qtrain", "not run yet"}  # no run of it here: the cells to make
+    # no run of it here: the published cells (ours empty), then the cells to make
+    assert set(dynasty.view) == {"paper scale", "not produced by qtrain", "not run yet"}
+    assert dynasty[dynasty.view == "paper scale"].ours.isna().all()
     tex = (tmp_path / "t-fractrain_table3.tex").read_text()
     assert tex.count(r"\begin{tabular}") == 2 and "% FracTrain Table 3 at mini scale: scale-bound" in tex
     assert r"\% saved against SBM" in tex
@@ -738,7 +740,7 @@ def test_the_latex_exports_compile(tmp_path):
              method_keys={"act_range": "tensor", "last_layer": "float32", "grad_bits": 16})  # a setting with _
     report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "--latex", str(tmp_path / "t.tex")])
     (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage[utf8]{inputenc}\\usepackage{booktabs}"
-                                      "\\begin{document}\\input{t.tex}\\input{t-fractrain_table3.tex}\\end{document}\n")
+                                      "\\usepackage{graphicx}\\begin{document}\\input{t.tex}\\input{t-fractrain_table3.tex}\\end{document}\n")
     done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
@@ -1038,3 +1040,22 @@ def test_a_paper_table_without_a_matching_run_shows_the_published_cells(tmp_path
     row = next(line for line in section.splitlines() if "ResNet-38 CIFAR-10 / WAGEUBN / FW-8 / BW-8" in line
                and "Acc (%)" in line)
     assert [cell.strip() for cell in row.strip("|").split("|")][-2:] == ["91.81", "-"]
+
+
+def test_figures_read_to_three_significant_figures_with_si_prefixes():
+    from qtrain.report.tables import si
+
+    assert [si(v) for v in (0.0, 8.19e9, 1.31e11, 2.1844e10, 999.6e6, 12.0, -3.2e6)] == [
+        "0", "8.19 G", "131 G", "21.8 G", "1 G", "12", "-3.2 M"]
+
+
+def test_the_latex_runs_table_keeps_the_columns_a_paper_prints_and_fits_the_width(tmp_path):
+    fake_run(tmp_path, "s0", "sbm", [0.5, 0.6], [1e9, 2.184e10])
+    fake_run(tmp_path, "s1", "sbm", [0.5, 0.62], [1e9, 2.184e10], seed=1)
+    report([str(tmp_path), "--latex", str(tmp_path / "t.tex")])
+    text = (tmp_path / "t.tex").read_text()
+    assert text.startswith("\\resizebox{\\linewidth}{!}{%\n\\begin{tabular}")
+    header = text.split("\\toprule\n")[1].split("\\\\")[0]
+    assert [cell.strip() for cell in header.split("&")] == ["method", "model", "data", "runs", "test acc \\%",
+                                                           "eff. MACs", "\\% of float32"]
+    assert "21.8 G $\\pm$ 0" in text  # two seeds of one cost: no e+10, no 0.000e+00

@@ -174,13 +174,20 @@ def _missing_note(missing: pd.DataFrame) -> str:
 LATEX_CHARACTERS = {"±": r"$\pm$", "∆": r"$\Delta$", "−": "-", "×": r"$\times$", "≈": r"$\approx$", "·": r"$\cdot$"}
 
 
+# The runs table's columns a paper prints (the rest, hardware models, status and notes, stay in the CSV and markdown).
+LATEX_RUN_COLUMNS = ("method", "model", "data", "scale", "setting", "config", "runs", "test acc %",
+                     "test ppl (lower is better)", "eff. MACs", "% of float32", "savings % vs baseline",
+                     "Δ vs baseline, same seed")
+
+
 def latex(frame: pd.DataFrame) -> str:
-    """``frame`` as a LaTeX tabular (booktabs rules) whose text is escaped: ``%``, ``_``, ``&``, ``#``, ``$``, braces
-    and the rest as LaTeX reads them, and the symbols of :data:`LATEX_CHARACTERS` as math."""
+    """``frame`` as a LaTeX tabular (booktabs rules) scaled to the text width (``\\resizebox``: graphicx), whose
+    text is escaped: ``%``, ``_``, ``&``, ``#``, ``$``, braces and the rest as LaTeX reads them, and the symbols of
+    :data:`LATEX_CHARACTERS` as math."""
     text = frame.to_latex(index=False, escape=True, na_rep="-")
     for character, replacement in LATEX_CHARACTERS.items():
         text = text.replace(character, replacement)
-    return text
+    return "\\resizebox{\\linewidth}{!}{%\n" + text + "}\n"
 
 
 def _beside(path: Path, name: str) -> Path:
@@ -291,7 +298,9 @@ def report(argv: list[str] | None = None) -> str:
             export = pd.concat(frames).drop(columns="group")
             _write(_beside(args.csv, name), lambda path, export=export: export.to_csv(path, index=False))
     if args.latex:
-        _write(args.latex, lambda path: path.write_text(latex(display_frame(table))))
+        shown = display_frame(table)
+        runs_table = shown[[column for column in LATEX_RUN_COLUMNS if column in shown]]
+        _write(args.latex, lambda path: path.write_text(latex(runs_table)))
         for name, parts, _ in exports:
             text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
             _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))

@@ -232,13 +232,33 @@ def _paired(runs: pd.DataFrame, row: pd.Series, base: pd.Series | None) -> tuple
     return differences.mean(), differences.std(), f"{int(better.sum())}/{len(differences)}"
 
 
+SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def si(value: float) -> str:
+    """``value`` to 3 significant figures with an SI prefix: ``8.19 G`` for 8.19e9, ``0`` for zero."""
+    if value == 0 or not math.isfinite(value):
+        return format(value, "g")
+    power = min(max(int(math.floor(math.log10(abs(value)) / 3)), 0), len(SI_PREFIXES) - 1)
+    scaled = float(f"{value / 1000 ** power:.3g}")
+    if abs(scaled) >= 1000 and power < len(SI_PREFIXES) - 1:  # 999.6 rounds up into the next prefix
+        power, scaled = power + 1, scaled / 1000
+    return f"{scaled:.3g} {SI_PREFIXES[power]}".rstrip()
+
+
+def _number(value: float, fmt: str) -> str:
+    return si(value) if fmt == "si" else format(value, fmt)
+
+
 def _shown(mean: float, std: float, fmt: str) -> str:
     if mean is None or math.isnan(mean):
         return "-"
-    return format(mean, fmt) + ("" if std is None or math.isnan(std) else f" ± {format(std, fmt)}")
+    if std is None or math.isnan(std):
+        return _number(mean, fmt)
+    return f"{_number(mean, fmt)} ± {'0' if std == 0 else _number(std, fmt)}"
 
 
-FORMATS = {"effective_macs": ".3e", **{f"{model}_{unit}": ".4g" for model, _ in HARDWARE for unit in ("seconds", "joules")}}
+FORMATS = {"effective_macs": "si", **{f"{model}_{unit}": ".3g" for model, _ in HARDWARE for unit in ("seconds", "joules")}}
 
 
 def display_frame(table: pd.DataFrame) -> pd.DataFrame:
