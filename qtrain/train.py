@@ -154,7 +154,8 @@ class Trainer:
         model = distributed.unwrap(self.model)
         model.eval()
         loss_sum, correct, positions = 0.0, 0, 0
-        for x, y in self.test_batches.epoch(0):
+        batches = self.test_batches
+        for x, y in self._bar(iterable=batches.epoch(0), total=len(batches), desc="evaluating", leave=False, position=1):
             if not len(y):  # a rank's slice of a short last batch
                 continue
             logits = model(x)
