@@ -358,8 +358,14 @@ def test_plots_for_each_kind_of_run(tmp_path):
     fake_run(root, "dfq", "dfq", [0.4, 0.6], [1e9, 2e9], model="resnet20", precision=dfq_rows)
     fake_run(root, "pfq", "pfq", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], model="resnet20",
              metrics_extra={"stage": [0, 0, 1]},
-             precision=[{"epoch": 1, "step": 10, "layer": "l1", "format": "range-linear", "share": 1.0, "weight_bits": 3,
-                         "act_bits": 3, "grad_bits": 6, "grad_weight_bits": 6, "density": 0.5}])
+             precision=[{"epoch": e, "step": 10 * e, "layer": "l1", "format": "range-linear", "share": 1.0,
+                         "weight_bits": b, "act_bits": b, "grad_bits": 6, "grad_weight_bits": 6, "density": 0.5}
+                        for e, b in ((1, 3), (2, 4))])
+    # one width for every layer and epoch: a flat line says nothing, so no precision plot
+    fake_run(root, "sbm", "sbm", [0.4, 0.6], [1e9, 2e9], model="resnet20",
+             precision=[{"epoch": e, "step": 10 * e, "layer": layer, "format": "range-linear", "share": 1.0,
+                         "weight_bits": 8, "act_bits": 8, "grad_bits": 8, "grad_weight_bits": 8, "density": 1.0}
+                        for e in (1, 2) for layer in ("l1", "l2")])
     fake_run(root, "dyn", "dynasty", [0.4, 0.6], [1e9, 2e9], model="resnet20",
              metrics_extra={"dynasty_average_bits": [4.0, 2.0], "bit_serial_seconds": [1.0, 2.0]},
              precision=[{"epoch": 2, "step": 20, "layer": "l1", "event": "bitmap", "operand": "weight", "share_0bit": 0.1,
@@ -370,6 +376,7 @@ def test_plots_for_each_kind_of_run(tmp_path):
     for kind in ("accuracy", "average", "loss", "precision", "sparsity", "allocation"):
         assert kind in kinds, names
     assert kinds.count("allocation") == 2  # DFQ's options and DYNASTY's map; PFQ allocates nothing per sample
+    assert [name for name in names if name.startswith("precision")] == ["precision-pfq-resnet20-cifar100"]
     for path in out.glob("*.png"):
         width, height = _png_size(path)
         assert width > 300 and height > 200

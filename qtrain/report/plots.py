@@ -109,8 +109,9 @@ def _slug(text: str) -> str:
 
 
 def _run_slug(run: Run) -> str:
-    digest = hashlib.sha256(str(run.dir.resolve()).encode()).hexdigest()[:8]
-    return f"{_slug(f'{run.method}-{run.model}-{run.data}')}-{digest}"
+    """A run's figures are named by its method, model, data and run id (its directory's digest where it has none)."""
+    digest = run.run_id or hashlib.sha256(str(run.dir.resolve()).encode()).hexdigest()[:8]
+    return f"{_slug(f'{run.method}-{run.model}-{run.data}')}-id={digest}"
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -124,6 +125,7 @@ def _layer_lines(axes, frame: pd.DataFrame, y: str, layers: list[str]) -> Scalar
     for i, layer in enumerate(layers):
         part = frame[frame.layer == layer].sort_values("epoch")
         axes.plot(part.epoch, part[y], "-", marker=".", markersize=3, color=scale.to_rgba(i), linewidth=1.2)
+    axes.xaxis.get_major_locator().set_params(integer=True)  # epochs: no tick at 1.2
     axes.grid(alpha=0.3)
     return scale
 
@@ -153,7 +155,7 @@ def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
     layers = list(dict.fromkeys(precision.layer))
     panels = [(_average_bits(precision, column), name) for column, name in OPERANDS if column in precision]
     panels = [(frame, name) for frame, name in panels if not frame.empty]
-    if not panels:
+    if not panels or all(frame.bits.nunique() == 1 for frame, _ in panels):  # one width throughout: nothing to plot
         return None
     fig = Figure(figsize=(7.5, 2.4 * len(panels)), layout="constrained")
     axes_list = []
