@@ -986,7 +986,7 @@ def test_the_report_draws_a_pareto_plot_per_model_and_data(tmp_path):
         paths = plots.pareto_plot(summary_frame(run_frame(find_runs([tmp_path]))), tmp_path / "plots")
     finally:
         Figure.savefig = original
-    assert [p.name for p in paths] == ["pareto-resnet20-cifar100-paper.png"]
+    assert [p.name for p in paths] == ["pareto-resnet20-cifar100.png"]  # plain runs: no scale in the name
     axes = drawn[0].axes[0]
     frontier = [line for line in axes.lines if line.get_label() == "Pareto frontier"][0]
     # mx (4 %, 60 %) is cheapest, SBM (6.25 %, 69.5 %) better, float32 (100 %, 70.5 %) best: all three on the frontier
@@ -1066,3 +1066,12 @@ def test_the_latex_runs_table_keeps_the_columns_a_paper_prints_and_fits_the_widt
     assert [cell.strip() for cell in header.split("&")] == ["method", "model", "data", "runs", "test acc \\%",
                                                            "eff. MACs", "\\% of float32"]
     assert "21.8 G $\\pm$ 0" in text  # two seeds of one cost: no e+10, no 0.000e+00
+
+
+def test_labels_of_points_close_together_are_moved_apart_and_others_stay():
+    from qtrain.report.plots import _label_offsets
+
+    # MuPPET and SBM at nearly one cost and accuracy (as in the league), float32 far from both
+    assert _label_offsets([6.25, 6.4, 100.0], [69.0, 69.1, 70.0], False) == [3, -6, 3]
+    assert _label_offsets([6.25, 6.3, 6.35], [69.0, 69.05, 69.1], False) == [3, -6, -15]
+    assert _label_offsets([1.0, 100.0], [50.0, 90.0], False) == [3, 3]

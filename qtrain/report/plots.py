@@ -23,6 +23,7 @@ from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from omegaconf import OmegaConf
 
 from qtrain.catalog import ALLOCATING, HARDWARE, METHOD_NAMES
@@ -560,23 +561,52 @@ def pareto_plot(table: pd.DataFrame, out: Path) -> list[Path]:
         names, notes = _point_names(part)
         fig = Figure(figsize=(7.5, 5.0 + 0.14 * len(notes)), layout="constrained")
         axes = fig.add_subplot()
-        for (_, row), cost, mean, name in zip(part.iterrows(), costs, means, names):
+        offsets = _label_offsets(costs, means, language)
+        for (_, row), cost, mean, name, offset in zip(part.iterrows(), costs, means, names, offsets):
             std = row[f"{metric}_std"]
             axes.errorbar([cost], [mean], yerr=None if math.isnan(std) else [std], fmt="o", capsize=3,
                           color=method_colour(row.method))
-            axes.annotate(name, (cost, mean), textcoords="offset points", xytext=(4, 3), fontsize=7)
+            axes.annotate(name, (cost, mean), textcoords="offset points", xytext=(4, offset), fontsize=7)
         if notes:
             axes.set_title("\n".join(notes), fontsize=6, loc="left")
+        # each point on the frontier ringed, so that a frontier of one point shows too
         axes.step([costs[i] for i in front], [means[i] for i in front], where="post", color="black", linewidth=1,
-                  alpha=0.6, label="Pareto frontier")
+                  alpha=0.6, marker="o", markersize=10, markerfacecolor="none", label="Pareto frontier")
         axes.set(xscale="log", xlabel="training cost, % of float32's effective MACs", ylabel=what,
                  **({"yscale": "log"} if language else {}))
+        for axis in (axes.xaxis, axes.yaxis) if language else (axes.xaxis,):
+            _readable_log_ticks(axis)
         axes.grid(alpha=0.3, which="both")
         axes.legend(fontsize=8)
         title = f"{model} on {data}" + ("" if scale == "paper" else f" at {scale} scale")
         fig.suptitle(f"accuracy against cost: {title}\n(point: mean over seeds, bar: ± std)", fontsize=10)
-        written.append(_save(fig, out / f"pareto-{_slug(f'{model}-{data}-{scale}')}.png"))
+        name = f"{model}-{data}" + ("" if scale == "paper" else f"-{scale}")  # a plain run is at no scale's
+        written.append(_save(fig, out / f"pareto-{_slug(name)}.png"))
     return written
+
+
+def _readable_log_ticks(axis) -> None:
+    """Labels at 1, 2 and 5 of each decade only: the minor ticks' own labels (2, 3, 4 ... x 10^k) collide."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _label_offsets(costs: list[float], values: list[float], log_y: bool) -> list[int]:
+    """Each point label's vertical offset in points: 3 above the point, moved down a line at a time while it would
+    sit on a label already placed near it (within a twelfth of the log-cost range and a thirtieth of the values')."""
+    xs = [math.log10(c) for c in costs]
+    ys = [math.log10(v) for v in values] if log_y else list(values)
+    x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float, int]] = []
+    offsets = []
+    for x, y in zip(xs, ys):
+        offset = 3
+        while any(abs(x - px) < x_span / 12 and abs(y - py) < y_span / 30 and offset == po for px, py, po in placed):
+            offset -= 9
+        placed.append((x, y, offset))
+        offsets.append(offset)
+    return offsets
 
 
 def write_plots(runs: list[Run], out: Path) -> list[Path]:
