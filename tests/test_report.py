@@ -10,6 +10,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import struct
@@ -1075,3 +1076,14 @@ def test_labels_of_points_close_together_are_moved_apart_and_others_stay():
     assert _label_offsets([6.25, 6.4, 100.0], [69.0, 69.1, 70.0], False) == [3, -6, 3]
     assert _label_offsets([6.25, 6.3, 6.35], [69.0, 69.05, 69.1], False) == [3, -6, -15]
     assert _label_offsets([1.0, 100.0], [50.0, 90.0], False) == [3, 3]
+
+
+def test_every_figure_of_the_html_report_has_its_caption(tmp_path):
+    fake_run(tmp_path / "runs", "s0", "sbm", [0.5, 0.6], [1e9, 2e9], model="resnet20")
+    main([str(tmp_path / "runs"), "--plots", str(tmp_path / "plots")])
+    page = (tmp_path / "plots" / "report.html").read_text()
+    figures = re.findall(r"<figure><img src='([^']+)' alt='([^']*)'><figcaption>([^<]*)</figcaption></figure>", page)
+    assert figures and len(figures) == page.count("<figure>")
+    assert all(alt == text and text and not text.endswith(".png") for _, alt, text in figures)
+    assert any(name.startswith("learning-curves-") and text.startswith("learning curves: resnet20 on cifar100")
+               for name, _, text in figures)

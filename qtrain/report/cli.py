@@ -202,8 +202,12 @@ def _write_html(path: Path, sections: list[tuple[str, pd.DataFrame, str]], image
         parts += [f"<h2>{html.escape(heading)}</h2>", frame.to_html(index=False, na_rep="-", border=0)]
         if note:
             parts.append(f"<pre style='white-space:pre-wrap'>{html.escape(note)}</pre>")
+    from qtrain.report.plots import caption
+
     parts.append("<h2>Plots</h2>")
-    parts += [f"<figure><img src='{html.escape(image.name)}' alt='{html.escape(image.stem)}'></figure>" for image in images]
+    for image in images:
+        text = html.escape(caption(image))
+        parts.append(f"<figure><img src='{html.escape(image.name)}' alt='{text}'><figcaption>{text}</figcaption></figure>")
     path.write_text("\n".join(parts) + "\n")
 
 

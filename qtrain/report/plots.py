@@ -115,9 +115,22 @@ def _run_slug(run: Run) -> str:
     return f"{_slug(f'{run.method}-{run.model}-{run.data}')}-id={digest}"
 
 
+CAPTION_KEY = "Description"  # the PNG text field that holds a figure's caption (report.html shows it)
+
+
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    """The figure as a PNG whose caption (its title: what it shows, of which runs) travels in the file."""
+    text = " ".join(fig.get_suptitle().split())
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={CAPTION_KEY: text})
     return path
+
+
+def caption(path: Path) -> str:
+    """The caption :func:`_save` wrote into a PNG, or its file name."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.info.get(CAPTION_KEY) or path.stem
 
 
 def _layer_lines(axes, frame: pd.DataFrame, y: str, layers: list[str]) -> ScalarMappable:
