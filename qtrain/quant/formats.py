@@ -370,8 +370,9 @@ def _grid_rows(x: torch.Tensor, bits: Bits, granularity: Granularity) -> torch.T
 def range_linear(x: torch.Tensor, bits: Bits, lo: torch.Tensor, hi: torch.Tensor, rounding: Rounding = "nearest") -> torch.Tensor:
     """Affine quantization onto ``2^bits`` levels from ``lo`` to ``hi``, values outside clamped to the ends.
 
-    As in the SBM reference code: ``step = (hi - lo) / (2^b - 1)``, code ``clamp(round((x - lo) *
-    ((2^b - 1) / (hi - lo))), 0, 2^b - 1)``, value ``code * step + lo``. ``lo``/``hi`` are ``(rows, 1)``:
+    The SBM reference code's rule: ``step = (hi - lo) / (2^b - 1)``, code ``clamp(round((x - lo) *
+    ((2^b - 1) / (hi - lo))), 0, 2^b - 1)``, value ``code * step + lo`` (the reference divides by ``step`` where
+    this multiplies: at a near-tie the two can land a level apart, docs/methods/sbm.md). ``lo``/``hi`` are ``(rows, 1)``:
     one row for the whole tensor, or one per slice of dimension 0. A constant range (``hi == lo``)
     maps everything to ``lo``. NaN stays NaN; ±inf saturate to ``hi``/``lo`` like any value outside.
     ``bits`` may be an ``(N,)`` tensor: each sample (slice of dimension 0) on its own ``2^bits``
