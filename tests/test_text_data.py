@@ -241,3 +241,16 @@ def test_cache_folder_follows_qtrain_cache_then_xdg_then_home(tmp_path, monkeypa
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
     assert cache_dir() == tmp_path / "h" / ".cache" / "qtrain" / "text"
+
+
+def test_wikitext_root_is_the_release_folder_or_its_parent(tmp_path):
+    release = tmp_path / "wikitext-2"
+    release.mkdir()
+    _write(release, "wiki.{}.tokens")
+    parent = load_data(make_config("data=wikitext2", f"data.root={tmp_path}").data)
+    itself = load_data(make_config("data=wikitext2", f"data.root={release}").data)
+    assert parent.train.tolist() == itself.train.tolist() == [2, 3, 4, 1, 1, 2, 5, 1]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=rf"^no corpus under {empty}: .* \(nor a wikitext-2/ folder holding one\)$"):
+        load_data(make_config("data=wikitext2", f"data.root={empty}").data)

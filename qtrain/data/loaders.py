@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
 from qtrain.data.batches import ImageData
@@ -10,6 +12,7 @@ from qtrain.data.embedded_text import pydoc_corpus
 from qtrain.data.folder import FolderData, load_folder
 from qtrain.data.text import TextData, read_corpus
 from qtrain.data.vision import load_cifar, load_digits_data, load_mnist, make_synthetic_data
+from qtrain.errors import DataError
 
 
 def digits(cfg: DictConfig) -> ImageData:
@@ -36,5 +39,18 @@ def embedded_text(cfg: DictConfig) -> TextData:
     return read_corpus(pydoc_corpus(), cfg.name, cfg.level, cfg.min_count)
 
 
+# The folder each WikiText release unpacks to: data.root may name it or, as for every other dataset, its parent.
+RELEASE_FOLDERS = {"wikitext2": "wikitext-2", "wikitext103": "wikitext-103"}
+
+
 def corpus(cfg: DictConfig) -> TextData:
-    return read_corpus(cfg.root, cfg.name, cfg.level, cfg.min_count)
+    root = Path(cfg.root).expanduser()
+    release = root / RELEASE_FOLDERS.get(cfg.name, "")
+    if cfg.name in RELEASE_FOLDERS and release.is_dir() and not any(root.glob("*.tokens")):
+        root = release
+    try:
+        return read_corpus(root, cfg.name, cfg.level, cfg.min_count)
+    except DataError as err:
+        if cfg.name in RELEASE_FOLDERS and root != release:
+            raise DataError(f"{err} (nor a {RELEASE_FOLDERS[cfg.name]}/ folder holding one)") from None
+        raise
