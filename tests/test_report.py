@@ -1072,9 +1072,11 @@ def test_the_latex_runs_table_keeps_the_columns_a_paper_prints_and_fits_the_widt
 def test_labels_of_points_close_together_are_moved_apart_and_others_stay():
     from qtrain.report.plots import _label_offsets
 
-    # MuPPET and SBM at nearly one cost and accuracy (as in the league), float32 far from both
-    assert _label_offsets([6.25, 6.4, 100.0], [69.0, 69.1, 70.0], False) == [3, -6, 3]
-    assert _label_offsets([6.25, 6.3, 6.35], [69.0, 69.05, 69.1], False) == [3, -6, -15]
+    # MuPPET and SBM at nearly one cost and accuracy (as in the league), float32 far from both: closeness is a
+    # twelfth of the log-cost range (2 decades here) and a thirtieth of the accuracy range (here 6 points: 0.2)
+    assert _label_offsets([6.25, 6.4, 100.0], [69.0, 69.1, 75.0], False) == [3, -6, 3]
+    assert _label_offsets([6.25, 6.3, 6.35, 100.0], [69.0, 69.05, 69.1, 75.0], False) == [3, -6, -15, 3]
+    assert _label_offsets([6.25, 6.4, 100.0], [69.0, 69.5, 75.0], False) == [3, 3, 3]  # half a point apart: room
     assert _label_offsets([1.0, 100.0], [50.0, 90.0], False) == [3, 3]
 
 
