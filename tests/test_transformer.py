@@ -121,6 +121,9 @@ class _Batches:
     def __init__(self, batches):
         self.batches = batches
 
+    def __len__(self):
+        return len(self.batches)
+
     def epoch(self, epoch):
         return iter(self.batches)
 
