@@ -1,0 +1,231 @@
+"""Run the FracTrain authors' own ``train_base.py`` on this machine's CPU and data, and tabulate its log per epoch.
+
+qtrain's static FW6/BW8 ResNet-38 runs leave the authors' published log from epoch 3 on
+(``results/reference_runs/``). Running the authors' code on the same data copy and machine tells the two causes
+apart: if their code leaves their own log the same way, the data copy or the machine moves the curve; if it stays on
+the log, qtrain departs from their code.
+
+    python scripts/authors_code.py GIT_DIR --data DATA --out OUT [--iters 1950] [--seed 0] [--fc-init torch]
+    python scripts/authors_code.py --log OUT/save/cifar10_resnet_38/log_train.txt --csv FILE   # tabulate only
+
+GIT_DIR is a git directory of the Tubbz-alt/FracTrain snapshot (as for ``scripts/reference_curves.py``); DATA holds
+``cifar-10-batches-py/``. Nothing of the authors' code is part of qtrain: the script takes their
+``fractrain_cifar`` files from GIT_DIR (``git archive``) into ``OUT/code`` when it runs, and starts their
+``train_base.main()`` with ``--num_bits 6 --num_grad_bits 8`` (the log's run; ``--num-bits``/``--num-grad-bits``
+for others) through a launcher of ours that makes it run where it was not written to:
+
+- ``.cuda()`` on tensors and modules returns them unchanged (the code calls it unconditionally; no GPU here);
+- torchvision's CIFAR md5 checks pass (an offline copy's files are not the originals), and batches pickled with
+  ``bytes`` keys (as qtrain reads either) are rewritten with ``str`` keys into ``OUT/data``, as torchvision reads them;
+- ``util_swa.py``'s ``.cuda(async=True)`` (a syntax error since Python 3.7) becomes ``.cuda()`` (SWA is off);
+- one torch thread and one loader worker (``--threads``), the seed set for torch, NumPy and ``random`` first;
+- ``--fc-init torch``: the classifier re-initialized as torch initializes ``nn.Linear`` (qtrain's choice; the
+  authors' code draws it from N(0, 2/(in*out))), to test that difference alone.
+
+The log (``OUT/save/<arch>/log_train.txt``) is tabulated by ``scripts/reference_curves.py``'s own reader into
+``OUT/<name>.csv``, the same columns as ``results/reference/``'s CSVs of the published logs.
+
+``--check-layers`` (with GIT_DIR, ``--data`` and ``--out``) compares the two implementations instead of training:
+qtrain's SBM ResNet-38 (FW6/BW8, global activation range, classifier in float32) and the authors' model with the
+same weights, on the first 128 training images in training mode: the first convolution's output, the weights'
+and an activation's quantized levels, and one layer at a time the input and weight gradients for one upstream
+gradient, with both sides' gradient rounding set to nearest (stochastic rounding draws differ by design).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference_curves import DEFAULT_COMMIT, Run, epoch_table, parse_log  # noqa: E402
+
+CODE = "fractrain_cifar"
+FILES = [f"{CODE}/{name}" for name in ("train_base.py", "models.py", "data.py", "util_swa.py", "modules")]
+CIFAR = "cifar-10-batches-py"
+LAUNCHER = '''"""qtrain's launcher of the FracTrain authors' train_base.py on a CPU (written by scripts/authors_code.py)."""
+import os, random, sys
+import numpy as np
+import torch, torchvision
+import torchvision.datasets.cifar as cifar
+
+torch.set_num_threads(int(os.environ["AUTHORS_THREADS"]))
+torch.Tensor.cuda = lambda self, *a, **k: self
+torch.nn.Module.cuda = lambda self, *a, **k: self
+cifar.check_integrity = lambda *a, **k: True
+torchvision.datasets.CIFAR10._check_integrity = lambda self: True
+seed = int(os.environ["AUTHORS_SEED"])
+torch.manual_seed(seed); random.seed(seed); np.random.seed(seed)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fractrain_cifar"))
+import train_base
+import models
+if os.environ.get("AUTHORS_FC_INIT") == "torch":
+    _build = models.cifar10_resnet_38
+    def _torch_fc(*a, **k):
+        m = _build(*a, **k)
+        m.fc.reset_parameters()
+        return m
+    models.cifar10_resnet_38 = _torch_fc
+sys.argv = ["train_base.py"] + sys.argv[1:]
+train_base.main()
+'''
+
+
+def extract_code(git_dir: Path, commit: str, out: Path) -> Path:
+    """The authors' files, from the snapshot into ``out/code``, with the one line Python 3 cannot parse mended."""
+    code = out / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", commit, *FILES], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(code)], input=archive, check=True)
+    swa = code / CODE / "util_swa.py"
+    swa.write_text(swa.read_text().replace(".cuda(async=True)", ".cuda()"))
+    (code / "launch.py").write_text(LAUNCHER)
+    return code
+
+
+def str_keyed_copy(data: Path, out: Path) -> Path:
+    """``data`` itself if torchvision can read its CIFAR-10 batches, else a copy under ``out/data`` with str keys."""
+    batches = sorted((data / CIFAR).glob("*_batch*")) + [data / CIFAR / "batches.meta"]
+    with open(batches[0], "rb") as f:
+        if "data" in pickle.load(f, encoding="latin1"):
+            return data
+    target = out / "data" / CIFAR
+    target.mkdir(parents=True, exist_ok=True)
+    for path in batches:
+        with open(path, "rb") as f:
+            entry = pickle.load(f, encoding="bytes")
+        entry = {key.decode() if isinstance(key, bytes) else key: value for key, value in entry.items()}
+        if "label_names" in entry:
+            entry["label_names"] = [n.decode() if isinstance(n, bytes) else n for n in entry["label_names"]]
+        with open(target / path.name, "wb") as f:
+            pickle.dump(entry, f)
+    return out / "data"
+
+
+def tabulate(log: Path, csv: Path, bits: tuple[int, int]) -> None:
+    """The log per epoch (390 iterations), as ``scripts/reference_curves.py`` tabulates the published ones."""
+    run = Run(str(log), csv.stem, f"static FW{bits[0]}/BW{bits[1]}", "the authors' train_base.py on this machine",
+              bits=bits)
+    table = epoch_table(parse_log(log.read_text()), run)
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False)
+    print(table[["epoch", "train_loss", "train_acc", "test_acc", "test_loss"]].to_string(index=False))
+
+
+def check_layers(code: Path, data: Path) -> None:
+    """qtrain's quantized ResNet-38 against the authors' on one batch, forward and layer by layer backward."""
+    import re
+
+    import torch
+    import torch.nn.functional as F
+
+    from qtrain.config.command_line import compose_config
+    from qtrain.methods import build_method
+    from qtrain.models import build_model
+    from qtrain.resources import conf_dir
+
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    sys.path.insert(0, str(code / CODE))
+    import models
+    import modules.quantize as theirs_quantize
+
+    models.ACT_FW = models.ACT_BW = models.GRAD_ACT_ERROR = models.GRAD_ACT_GC = models.WEIGHT_BITS = 0
+    models.MOMENTUM = 0.9
+    torch.manual_seed(0)
+    cfg = compose_config(conf_dir(), ["method=sbm", "method.weight_bits=6", "method.act_bits=6", "method.grad_bits=8",
+                                      "method.act_range=tensor", "method.last_layer=float32"])
+    ours = build_method(cfg.method).prepare(build_model("resnet38", in_channels=3, num_classes=10, input_size=(32, 32)))
+    theirs = models.cifar10_resnet_38()
+    names = {}
+    for key in ours.state_dict():
+        found = re.match(r"layer(\d)\.(\d+)\.(.*)", key)
+        names[key] = (f"group{found[1]}_layer{found[2]}." + found[3].replace("shortcut.0", "downsample")
+                      .replace("shortcut.1", "bn3")) if found else key
+    their_state = theirs.state_dict()
+    theirs.load_state_dict({**their_state, **{names[k]: v for k, v in ours.state_dict().items() if names[k] in their_state}})
+    with open(data / CIFAR / "data_batch_1", "rb") as f:
+        entry = pickle.load(f, encoding="bytes")
+    pixels = entry.get(b"data", entry.get("data"))[:128]
+    mean, std = torch.tensor([0.4914, 0.4822, 0.4465]), torch.tensor([0.2470, 0.2435, 0.2616])
+    x = (torch.tensor(pixels, dtype=torch.float32).view(-1, 3, 32, 32) / 255 - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
+    ours.train()
+    theirs.train()
+    print("first convolution's output, max |ours - theirs|:", (ours.conv1(x) - theirs.conv1(x, 6, 8)).abs().max().item())
+    stem = F.relu(ours.bn1(ours.conv1(x)))
+    block, their_block = ours.layer1[0], theirs.group1_layer0
+    weight = block.conv1.weight.detach()
+    their_weight = theirs_quantize.quantize(weight, qparams=theirs_quantize.calculate_qparams(
+        weight, num_bits=6, flatten_dims=(1, -1), reduce_dim=None))
+    print("block 1.0 conv1 weight levels differing:", (block.conv1.quant.weight(weight) != their_weight).sum().item(),
+          "of", weight.numel())
+    inner = F.relu(block.bn1(block.conv1(stem)))
+    differing = (block.conv2.quant.act(inner) != their_block.conv2.quantize_input_fw(inner, 6)).sum().item()
+    print("block 1.0 conv2 input levels differing:", differing, "of", inner.numel())
+    theirs_quantize.quantize_grad.__defaults__ = tuple(False if d is True else d
+                                                       for d in theirs_quantize.quantize_grad.__defaults__)
+    for layer in ours.modules():
+        grad = getattr(getattr(layer, "quant", None), "grad", None)
+        if grad is not None:
+            grad.rounding = "nearest"
+    torch.manual_seed(1)
+    for ours_name, their_name in (("conv1", "conv1"), ("layer1.0.conv1", "group1_layer0.conv1"),
+                                  ("layer2.0.shortcut.0", "group2_layer0.downsample")):
+        mine, yours = dict(ours.named_modules())[ours_name], dict(theirs.named_modules())[their_name]
+        given = torch.randn(64, mine.in_channels, 16, 16)
+        given = given if mine.in_channels == 3 else torch.relu(given)
+        a, b = given.clone().requires_grad_(), given.clone().requires_grad_()
+        out_a, out_b = mine(a), yours(b, 6, 8)
+        upstream = torch.randn_like(out_a) * 1e-3
+        out_a.backward(upstream)
+        out_b.backward(upstream)
+        print(f"{ours_name}: forward max |diff| {(out_a - out_b).abs().max().item():.3g}, input gradient relative "
+              f"difference {((a.grad - b.grad).norm() / b.grad.norm()).item():.2e}, weight gradient "
+              f"{((mine.weight.grad - yours.weight.grad).norm() / yours.weight.grad.norm()).item():.2e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("git_dir", type=Path, nargs="?", help="git directory of the Tubbz-alt/FracTrain snapshot")
+    ap.add_argument("--commit", default=DEFAULT_COMMIT)
+    ap.add_argument("--data", type=Path, help="the folder holding cifar-10-batches-py/")
+    ap.add_argument("--out", type=Path, help="a folder for the code, the run and its CSV")
+    ap.add_argument("--iters", type=int, default=1950, help="iterations to train (390 an epoch; default 5 epochs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--num-bits", type=int, default=6)
+    ap.add_argument("--num-grad-bits", type=int, default=8)
+    ap.add_argument("--fc-init", choices=("authors", "torch"), default="authors")
+    ap.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
+    ap.add_argument("--log", type=Path, help="tabulate this log only (with --csv)")
+    ap.add_argument("--csv", type=Path, help="where --log's table goes")
+    args = ap.parse_args(argv)
+    bits = (args.num_bits, args.num_grad_bits)
+    if args.log is not None:
+        if args.csv is None:
+            ap.error("--log needs --csv")
+        tabulate(args.log, args.csv, bits)
+        return 0
+    if args.git_dir is None or args.data is None or args.out is None:
+        ap.error("GIT_DIR, --data and --out are needed to run (or --log and --csv to tabulate)")
+    out = args.out.resolve()
+    code = extract_code(args.git_dir, args.commit, out)
+    if args.check_layers:
+        check_layers(code, args.data.resolve())
+        return 0
+    data = str_keyed_copy(args.data.resolve(), out)
+    env = {**os.environ, "AUTHORS_THREADS": str(args.threads), "AUTHORS_SEED": str(args.seed),
+           "AUTHORS_FC_INIT": args.fc_init, "OMP_NUM_THREADS": str(args.threads)}
+    subprocess.run([sys.executable, str(code / "launch.py"), "--arch", "cifar10_resnet_38", "--dataset", "cifar10",
+                    "--datadir", str(data), "--workers", "1", "--iters", str(args.iters), "--num_bits", str(bits[0]),
+                    "--num_grad_bits", str(bits[1]), "--save_folder", str(out / "save")], cwd=out, env=env, check=True)
+    tabulate(out / "save" / "cifar10_resnet_38" / "log_train.txt", out / f"authors_code_seed{args.seed}.csv", bits)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
