@@ -111,7 +111,11 @@ def tabulate(log: Path, csv: Path, bits: tuple[int, int]) -> None:
     """The log per epoch (390 iterations), as ``scripts/reference_curves.py`` tabulates the published ones."""
     run = Run(str(log), csv.stem, f"static FW{bits[0]}/BW{bits[1]}", "the authors' train_base.py on this machine",
               bits=bits)
-    table = epoch_table(parse_log(log.read_text()), run)
+    parsed = parse_log(log.read_text())
+    if not parsed.evals:
+        print(f"{log}: no evaluation yet (one comes every 390 iterations)")
+        return
+    table = epoch_table(parsed, run)
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
     print(table[["epoch", "train_loss", "train_acc", "test_acc", "test_loss"]].to_string(index=False))
