@@ -191,7 +191,7 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, case):
     before = _tree(tmp_path)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     given = {a.partition("=")[0] for a in args}  # the case's keys replace TINY's; the case's own stay as written
-    flags = [a for a in args if a.startswith("-")]  # -m comes before the overrides
+    flags = [a for a in args if a in ("-m", "--multirun")]  # comes before the overrides
     result = run_cli(*flags, *(a for a in TINY if a.partition("=")[0] not in given),
                      *(a for a in args if a not in flags), cwd=work, raw=True)
     assert result.returncode == 2, result.stderr
