@@ -55,13 +55,17 @@ def _parse(overrides: list[str]) -> list[Any]:
     return parsed
 
 
+def _listed(override: Any) -> bool:
+    """Whether a sweep's values are listed on the command line (a list or a range), not Hydra's to expand (a glob, an
+    interval)."""
+    return override.is_discrete_sweep() and override.value_type.name != "GLOB_CHOICE_SWEEP"
+
+
 def override_values(override: Any) -> list[Any]:
     """The values an override sets: one, or each of a sweep's (an interval sweep gives none to check)."""
     if not override.is_sweep_override():
         return [override.value()]
-    if override.is_discrete_sweep() and override.value_type.name != "GLOB_CHOICE_SWEEP":
-        return list(override.sweep_iterator())
-    return []
+    return list(override.sweep_iterator()) if _listed(override) else []
 
 
 def sweep_size(overrides: list[str]) -> int | None:
@@ -248,8 +252,8 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
     keys = [o for o in parsed if not _is_group(o)]
     if not keys and not multirun:
         return
-    configs = [compose_config(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)
-               if keys]
+    configs = ([compose_config(conf_dir, list(combo)) for combo in itertools.islice(itertools.product(*choices), MAX_COMPOSED)]
+               if keys else [])
     for override in keys:
         key, text = override.key_or_group, override.input_line or override.key_or_group
         group, _, leaf = key.partition(".")
@@ -279,8 +283,7 @@ def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> 
 
 def _expands_to_nothing(override: Any) -> bool:
     """A sweep whose values Hydra would expand to none (``range(0,0)``): its sweep would run no job."""
-    return (override.is_sweep_override() and override.is_discrete_sweep()
-            and override.value_type.name != "GLOB_CHOICE_SWEEP" and not override_values(override))
+    return override.is_sweep_override() and _listed(override) and not override_values(override)
 
 
 def _job_values(override: Any) -> list[str]:
@@ -288,7 +291,7 @@ def _job_values(override: Any) -> list[str]:
     whose values are Hydra's to expand (the default stands in)."""
     if not override.is_sweep_override():
         return [override.input_line]
-    if not override.is_discrete_sweep() or override.value_type.name == "GLOB_CHOICE_SWEEP":
+    if not _listed(override):
         return [""]
     return [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
 

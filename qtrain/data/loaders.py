@@ -44,13 +44,12 @@ RELEASE_FOLDERS = {"wikitext2": "wikitext-2", "wikitext103": "wikitext-103"}
 
 
 def corpus(cfg: DictConfig) -> TextData:
-    root = Path(cfg.root).expanduser()
-    release = root / RELEASE_FOLDERS.get(cfg.name, "")
-    if cfg.name in RELEASE_FOLDERS and release.is_dir() and not any(root.glob("*.tokens")):
-        root = release
+    root, folder = Path(cfg.root).expanduser(), RELEASE_FOLDERS.get(cfg.name)
+    if folder is None:  # a corpus of one's own: its files are in data.root
+        return read_corpus(root, cfg.name, cfg.level, cfg.min_count)
+    if (root / folder).is_dir() and not any(root.glob("*.tokens")):
+        return read_corpus(root / folder, cfg.name, cfg.level, cfg.min_count)
     try:
         return read_corpus(root, cfg.name, cfg.level, cfg.min_count)
     except DataError as err:
-        if cfg.name in RELEASE_FOLDERS and root != release:
-            raise DataError(f"{err} (nor a {RELEASE_FOLDERS[cfg.name]}/ folder holding one)") from None
-        raise
+        raise DataError(f"{err} (nor a {folder}/ folder holding one)") from None

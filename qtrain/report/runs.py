@@ -153,8 +153,10 @@ class Run:
         """The digest of the run's identity: its summary's, else the one its directory's name ends in, else its
         config's (a copy of a run directory under another name)."""
         found = re.search(r"id=([0-9a-f]{8})$", self.dir.name)
-        if self.summary.get("run_id") or found:
-            return self.summary.get("run_id") or found.group(1)
+        if self.summary.get("run_id"):
+            return self.summary["run_id"]
+        if found:
+            return found.group(1)
         return digest(identity(self.config)) if self.config else None
 
     @cached_property
