@@ -129,6 +129,7 @@ def check_layers(code: Path, data: Path) -> None:
     import torch.nn.functional as F
 
     from qtrain.config.command_line import compose_config
+    from qtrain.data.vision import load_cifar
     from qtrain.methods import build_method
     from qtrain.models import build_model
     from qtrain.resources import conf_dir
@@ -152,11 +153,9 @@ def check_layers(code: Path, data: Path) -> None:
                       .replace("shortcut.1", "bn3")) if found else key
     their_state = theirs.state_dict()
     theirs.load_state_dict({**their_state, **{names[k]: v for k, v in ours.state_dict().items() if names[k] in their_state}})
-    with open(data / CIFAR / "data_batch_1", "rb") as f:
-        entry = pickle.load(f, encoding="bytes")
-    pixels = entry.get(b"data", entry.get("data"))[:128]
-    mean, std = torch.tensor([0.4914, 0.4822, 0.4465]), torch.tensor([0.2470, 0.2435, 0.2616])
-    x = (torch.tensor(pixels, dtype=torch.float32).view(-1, 3, 32, 32) / 255 - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
+    cifar = load_cifar(data, 10)  # qtrain's own reader and normalization: the batch a qtrain run would see unaugmented
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (cifar.mean, cifar.std))
+    x = (cifar.train.images[:128].float() / cifar.pixel_max - mean) / std
     ours.train()
     theirs.train()
     print("first convolution's output, max |ours - theirs|:", (ours.conv1(x) - theirs.conv1(x, 6, 8)).abs().max().item())
