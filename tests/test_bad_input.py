@@ -127,6 +127,14 @@ CASES = {
     "sample of a split that is not there": (["data.sample={train: 10, valid: 5}"], None,
                                             "data.sample={'train': 10, 'valid': 5} is not allowed: {train: N, test: M} "
                                             "with integers >= 1 (a split left out is taken whole), or null"),
+    # CPT's cycles against the run's optimizer steps, known before the data loads (the CIFAR folder is empty):
+    # 2 epochs of 782 batches of 64 of CIFAR's 50,000 images; 2 epochs of 3 batches
+    "more CPT cycles than steps": (["method=cpt", "data=cifar10", "data.root={tmp}", "method.cycles=1565"], None,
+                                   "method.cycles=1565 is not allowed: the run trains at most 1564 optimizer steps, "
+                                   "and a cycle needs one at least (at most 1564 cycles)"),
+    "more CPT cycles than short epochs' steps": (["method=cpt", "train.batches_per_epoch=3", "method.cycles=7"], None,
+                                                 "method.cycles=7 is not allowed: the run trains at most 6 optimizer "
+                                                 "steps, and a cycle needs one at least (at most 6 cycles)"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a finite number in (0, 100]"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,

@@ -148,6 +148,7 @@ def test_mnist_idx_layout_loads_and_bad_files_fail_clearly(tmp_path):
 def test_digits_are_the_scikit_learn_set_split_by_class():
     data = load_digits_data()
     assert len(data.train) + len(data.test) == 1797 and data.image_shape == (1, 8, 8)
+    assert len(data.train) == REGISTRY["digits"].train_images  # the config checks bound a run's steps by it
     assert set(data.test.labels.tolist()) == set(range(10))
     assert int(data.train.images.max()) == 16
 

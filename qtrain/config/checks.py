@@ -45,6 +45,21 @@ def _require_own_file(cfg: DictConfig, group: str, what: str) -> None:
                               f"{key} ({allowed}), since the run's identity holds the name (choose another {group}=NAME)")
 
 
+def _steps_per_epoch_at_most(cfg: DictConfig) -> int | None:
+    """A bound on an epoch's optimizer steps from the config alone, where it fixes one: ``train.batches_per_epoch``
+    batches, or a pass over a training split of known size (a sample's, a synthetic set's, a release's; halves,
+    folds and ranks train on fewer)."""
+    batches = cfg.train.batches_per_epoch
+    if batches is None:
+        sample = OmegaConf.select(cfg, "data.sample.train")
+        images = sample if sample is not None else OmegaConf.select(cfg, "data.n_train")
+        images = images if images is not None else dataset(cfg.data.name).train_images
+        if images is None:
+            return None
+        batches = -(-images // cfg.train.batch_size)
+    return -(-batches // cfg.train.accum_steps)
+
+
 def validate(cfg: DictConfig) -> None:
     """Check the run-level values (training length, batch sizes, device, seed, data, optimizer, schedule), the
     model's and the method's (against their schemas in :mod:`qtrain.config.models` and :mod:`qtrain.config.methods`)."""
@@ -61,4 +76,7 @@ def validate(cfg: DictConfig) -> None:
     schema.read(schema.Hardware, cfg.hardware, "hardware")
     _require_option(cfg, "model", "model")
     check_model(cfg.model)
-    check_method(cfg.method)
+    method = check_method(cfg.method)
+    steps_per_epoch = _steps_per_epoch_at_most(cfg)
+    if steps_per_epoch is not None:
+        method.check_steps_per_epoch(steps_per_epoch, exact=False)

@@ -48,6 +48,10 @@ class MethodConfig:
     def __post_init__(self) -> None:
         """The end of every schema's chain of checks across keys."""
 
+    def check_steps_per_epoch(self, steps: int, *, exact: bool) -> None:
+        """Refuse a run of ``steps`` optimizer steps an epoch that the method cannot train (``exact``: the run's own
+        count; else a bound on it, known before the data loads)."""
+
 
 @dataclass(frozen=True)
 class FwBw:
@@ -467,6 +471,13 @@ class CPT(RangeLinear, FloatEnds):
         super().__post_init__()
         if self.bits_min > self.bits_max:
             raise not_allowed("method.bits_min", self.bits_min, f"it must be at most method.bits_max ({self.bits_max})")
+
+    def check_steps_per_epoch(self, steps: int, *, exact: bool) -> None:
+        total = self.epochs * steps
+        if self.cycles > total:
+            trains = f"{total}" if exact else f"at most {total}"
+            raise not_allowed("method.cycles", self.cycles, f"the run trains {trains} optimizer steps, and a cycle "
+                              f"needs one at least (at most {total} cycles)")
 
 
 # ---- scaled formats: FP8, OCP MX, NVFP4 ----

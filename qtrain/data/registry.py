@@ -35,6 +35,7 @@ class Dataset:
     task: str  # CLASSIFICATION or LANGUAGE_MODEL
     kind: Kind
     needs_root: bool  # its files are read from data.root (scale=smoke's stand-ins need none)
+    train_images: int | None = None  # the training split's size where the release fixes it (config checks bound a run by it)
 
     def load(self, cfg: Any) -> Any:
         """Import the loader and call it on ``cfg``, the ``data`` config group."""
@@ -45,11 +46,11 @@ class Dataset:
 
 _LOADERS = "qtrain.data.loaders"
 REGISTRY: dict[str, Dataset] = {
-    "digits": Dataset(f"{_LOADERS}:digits", CLASSIFICATION, Kind.IMAGES, needs_root=False),
+    "digits": Dataset(f"{_LOADERS}:digits", CLASSIFICATION, Kind.IMAGES, needs_root=False, train_images=1_437),
     "synthetic": Dataset(f"{_LOADERS}:synthetic", CLASSIFICATION, Kind.SYNTHETIC, needs_root=False),
-    "cifar10": Dataset(f"{_LOADERS}:cifar", CLASSIFICATION, Kind.IMAGES, needs_root=True),
-    "cifar100": Dataset(f"{_LOADERS}:cifar", CLASSIFICATION, Kind.IMAGES, needs_root=True),
-    "mnist": Dataset(f"{_LOADERS}:mnist", CLASSIFICATION, Kind.IMAGES, needs_root=True),
+    "cifar10": Dataset(f"{_LOADERS}:cifar", CLASSIFICATION, Kind.IMAGES, needs_root=True, train_images=50_000),
+    "cifar100": Dataset(f"{_LOADERS}:cifar", CLASSIFICATION, Kind.IMAGES, needs_root=True, train_images=50_000),
+    "mnist": Dataset(f"{_LOADERS}:mnist", CLASSIFICATION, Kind.IMAGES, needs_root=True, train_images=60_000),
     "imagenet": Dataset(f"{_LOADERS}:folder", CLASSIFICATION, Kind.FOLDER, needs_root=True),
     "imagefolder": Dataset(f"{_LOADERS}:folder", CLASSIFICATION, Kind.FOLDER, needs_root=True),
     "text": Dataset(f"{_LOADERS}:embedded_text", LANGUAGE_MODEL, Kind.TEXT, needs_root=False),

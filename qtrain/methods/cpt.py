@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from qtrain.errors import ConfigError
+from qtrain.config.methods import check_method
 from qtrain.methods.base import RunFacts, StepInfo
 from qtrain.methods.sbm import SBM, fw_bw, held_depthwise_bits, uniform_record
 from qtrain.precision import Bits
@@ -61,11 +61,9 @@ class CPT(SBM):
         return model
 
     def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
+        check_method(self.cfg).check_steps_per_epoch(steps_per_epoch(facts), exact=True)
         self.total_steps = self.cfg.epochs * steps_per_epoch(facts)
         self.period = cycle_period(self.total_steps, self.cfg.cycles)
-        if self.period == 0:
-            raise ConfigError(f"method.cycles={self.cfg.cycles} is not allowed: the run trains {self.total_steps} "
-                              f"optimizer steps, and a cycle needs one at least (at most {self.total_steps} cycles)")
 
     def bits_at(self, step: int) -> int:
         """The forward bits of optimizer step ``step`` (from 0)."""
