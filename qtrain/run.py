@@ -11,6 +11,7 @@ docs/running.md describes the run directory, the identity and resuming; docs/des
 from __future__ import annotations
 
 import logging
+import math
 import platform
 import random
 from dataclasses import dataclass
@@ -170,6 +171,11 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
     report = method.report(progress.epoch)
     f32 = meter.float32_total()
     ident = identity(cfg)
+
+    def evaluated(figure: str) -> list[float]:
+        """The figure of each epoch evaluated (``train.eval_every``: the others' test accuracy is NaN)."""
+        return [row[figure] for row in progress.history if not math.isnan(row["test_acc"])]
+
     return {
         "status": status,
         "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
@@ -178,9 +184,8 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
                                                                 "epoch": progress.epoch},
         "task": task.name, "data_sizes": sizes,
         "final": {f"{split}_{figure}": last.get(f"{split}_{figure}") for split in ("train", "test") for figure in task.figures},
-        "best_test_acc": max((row["test_acc"] for row in progress.history), default=None),
-        **({f"best_{task.score}": task.best([row[task.score] for row in progress.history])}
-           if task.score != "test_acc" else {}),
+        "best_test_acc": max(evaluated("test_acc"), default=None),
+        **({f"best_{task.score}": task.best(evaluated(task.score))} if task.score != "test_acc" else {}),
         "cost": {
             "effective_macs": meter.total(),
             "bit_macs": meter.total() * 1024,
@@ -332,7 +337,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
         model=distributed.wrap(model, plan.device, plan.method.skips_layers), method=plan.method, optimizer=optimizer,
         scheduler=scheduler, meter=meter, train_batches=train_batches, test_batches=test_batches, task=data.task,
         epochs=cfg.train.epochs, accum_steps=cfg.train.accum_steps, show_progress=cfg.progress and distributed.is_writer(),
-        step_schedule=step_schedule, progress=progress,
+        step_schedule=step_schedule, progress=progress, eval_every=cfg.train.eval_every,
     )
     if distributed.is_writer():
         _log_float32_layers(cfg, meter, plan.method)
@@ -425,9 +430,11 @@ class _EpochEnd:
 
 def _log_epoch(cfg: DictConfig, task: Task, row: dict[str, Any]) -> None:
     shown = [task.score.removeprefix("test_"), *(["bpc"] if task.per_character else [])]
-    train, test = ("  ".join(f"{name} {row[f'{split}_{name}']:.4f}" for name in shown) for split in ("train", "test"))
-    log.info("epoch %d/%d  train loss %.4f  %s | test loss %.4f  %s | cost %.2f%% of float32 | %.1fs",
-             row["epoch"], cfg.train.epochs, row["train_loss"], train, row["test_loss"], test,
+    train, test = (f"{split} loss {row[f'{split}_loss']:.4f}  "
+                   + "  ".join(f"{name} {row[f'{split}_{name}']:.4f}" for name in shown) for split in ("train", "test"))
+    if math.isnan(row["test_acc"]):
+        test = f"not evaluated (every {cfg.train.eval_every} epochs)"
+    log.info("epoch %d/%d  %s | %s | cost %.2f%% of float32 | %.1fs", row["epoch"], cfg.train.epochs, train, test,
              row["percent_of_float32"], row["epoch_seconds"])
 
 

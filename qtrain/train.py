@@ -2,9 +2,10 @@
 
 :class:`Trainer` runs the micro-batches (forward, the task loss plus the method's terms, a NaN/inf check,
 backward, the meter charged at the method's precision), an optimizer step every ``accum_steps`` of them between
-the method's hooks, and per epoch the evaluation, the schedule and the method's decision, until ``epochs`` or
-:meth:`Method.stopped`. On several processes it reduces what every rank must see alike. docs/design.md (the run
-lifecycle, the method interface) and docs/running.md ("One run on several processes") describe it.
+the method's hooks, and per epoch the evaluation (after every ``eval_every``-th), the schedule and the method's
+decision, until ``epochs`` or :meth:`Method.stopped`. On several processes it reduces what every rank must see
+alike. docs/design.md (the run lifecycle, the method interface) and docs/running.md ("One run on several
+processes") describe it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Trainer:
     accum_steps: int = 1
     show_progress: bool = True
     step_schedule: torch.optim.lr_scheduler.LRScheduler | None = None  # stepped after every optimizer step
+    eval_every: int = 1  # evaluate after every eval_every-th epoch, the last, and one the method stops training at
     progress: Progress = field(default_factory=Progress)
     epoch_precision: EpochPrecision = field(default_factory=EpochPrecision)  # of the last epoch trained
 
@@ -84,13 +86,16 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         train = self.train_epoch(epoch)
         distributed.average_buffers(self.model)
-        test = self.evaluate()
+        evaluated = (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
+        test = self.evaluate() if evaluated else self.task.metrics("test", math.nan, math.nan)
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.scheduler.step(test["test_loss"])
         else:
             self.scheduler.step()
         metrics = {"epoch": epoch + 1, "step": self.progress.step, **train, **test, "lr": lr}
         self.method.end_epoch(epoch, metrics)
+        if not evaluated and self.method.stopped() is not None:  # the run's last epoch after all
+            metrics.update(self.evaluate())
         if distributed.active():
             self.meter.merge_ranks(distributed.sum_floats)
         seconds = time.perf_counter() - start

@@ -135,6 +135,12 @@ CASES = {
     "more CPT cycles than short epochs' steps": (["method=cpt", "train.batches_per_epoch=3", "method.cycles=7"], None,
                                                  "method.cycles=7 is not allowed: the run trains at most 6 optimizer "
                                                  "steps, and a cycle needs one at least (at most 6 cycles)"),
+    "evaluation too rare for the plateau schedule": (["sched=plateau", "train.eval_every=2"], None,
+                                                      "train.eval_every=2 is not allowed with sched=plateau: it steps "
+                                                      "on every epoch's test loss (use train.eval_every=1, or another "
+                                                      "schedule)"),
+    "evaluation every 0 epochs": (["train.eval_every=0"], None,
+                                  "train.eval_every=0 is not allowed: it must be an integer >= 1"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a finite number in (0, 100]"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,

@@ -3,7 +3,7 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from qtrain.config import NOT_IN_DIR_NAME, digest, identity
+from qtrain.config import NOT_IN_DIR_NAME, OMITTED_AT, digest, identity
 from qtrain.resources import conf_dir
 
 from .conftest import make_config
@@ -27,6 +27,14 @@ BEFORE_TARGETS = {
 @pytest.mark.parametrize("overrides", list(BEFORE_TARGETS))
 def test_the_identity_of_a_config_is_what_it_was(overrides):
     assert digest(identity(make_config(*overrides))) == BEFORE_TARGETS[overrides]
+
+
+# keys added after runs were committed: at the value those runs had, left out of the identity
+@pytest.mark.parametrize("key,before,other", [("train.eval_every", 1, 3)])
+def test_a_key_added_later_keeps_the_identity_at_the_value_runs_had_before_it(key, before, other):
+    assert OMITTED_AT[key] == before
+    assert digest(identity(make_config(f"{key}={before}"))) == BEFORE_TARGETS[()]
+    assert digest(identity(make_config(f"{key}={other}"))) != BEFORE_TARGETS[()]
 
 
 def test_hydras_instantiation_keys_are_not_in_the_identity():

@@ -397,14 +397,17 @@ def test_float32_stage_decays_then_stops_at_the_next_point(monkeypatch):
     assert method.optimizer.param_groups[0]["lr"] == 0.0125 and method.stopped() is None
 
 
+# switch at the end of epoch 2 (DiversityPolicy.update patched); float32 lr x0.5 after epochs 2 and 3 (every 1, the
+# switching epoch first); the third point, epoch 4, trains and stops the run, 16 epochs before the cap
+STOPPING = [*TINY, "method=muppet", "method.schedule=[8,32]", "method.resolution=2", "train.epochs=20",
+            "train.batches_per_epoch=1", "sched=constant", "optim.lr=0.1",
+            "method.float32_lr={gamma: 0.5, every: 1, decays: 2}"]
+
+
 @pytest.mark.slow
 def test_run_stops_by_the_float32_rule_and_stays_stopped_after_a_kill(tmp_path, monkeypatch):
-    # switch at the end of epoch 2; float32 lr x0.5 after epochs 2 and 3 (every 1, the switching epoch first);
-    # the third point, epoch 4, trains and stops the run, 16 epochs before the cap
     monkeypatch.setattr(DiversityPolicy, "update", lambda self, d, epoch: (1.0, 1.0, epoch == 1))
-    overrides = [*TINY, "method=muppet", "method.schedule=[8,32]", "method.resolution=2", "train.epochs=20",
-                 "train.batches_per_epoch=1", "sched=constant", "optim.lr=0.1",
-                 "method.float32_lr={gamma: 0.5, every: 1, decays: 2}"]
+    overrides = STOPPING
     whole = run(make_config(*overrides), tmp_path / "whole")
     metrics = pd.read_csv(tmp_path / "whole" / "metrics.csv")
     assert metrics.epoch.tolist() == [1, 2, 3, 4]
@@ -438,6 +441,16 @@ def test_run_stops_by_the_float32_rule_and_stays_stopped_after_a_kill(tmp_path, 
     assert again["status"] == "completed" and again["epochs_completed"] == 4 and again["stopped_early"]["epoch"] == 4
     # a finished run is reported, never re-run
     assert run(make_config(*overrides), tmp_path / "resumed")["epochs_completed"] == 4
+
+
+@pytest.mark.slow
+def test_the_epoch_the_method_stops_at_is_evaluated_whatever_eval_every(tmp_path, monkeypatch):
+    monkeypatch.setattr(DiversityPolicy, "update", lambda self, d, epoch: (1.0, 1.0, epoch == 1))
+    sparse = run(make_config(*STOPPING, "train.eval_every=5"), tmp_path)  # no 5th epoch comes
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert metrics.test_acc.isna().tolist() == [True, True, True, False] and metrics.test_loss[3] > 0
+    assert sparse["final"]["test_acc"] == sparse["best_test_acc"] == metrics.test_acc[3]
+    assert sparse["stopped_early"]["epoch"] == 4
 
 
 def test_mini_settings_switch_twice_on_diversity_drops():

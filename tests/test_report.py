@@ -177,6 +177,17 @@ def test_other_config_differences_split_rows(tmp_path):
     assert len(summary_frame(frame)) == 2
 
 
+def test_a_run_made_before_eval_every_and_one_at_its_default_are_one_configuration(tmp_path):
+    fake_run(tmp_path, "before", "sbm", [0.5], [1e9])  # its config has no train.eval_every
+    fake_run(tmp_path, "default", "sbm", [0.6], [1e9], seed=1, train_keys={"eval_every": 1})
+    frame = run_frame(find_runs([tmp_path]))
+    assert frame.config.tolist() == ["", ""] and len(summary_frame(frame)) == 1
+    fake_run(tmp_path, "sparse", "sbm", [0.7], [1e9], train_keys={"eval_every": 5})
+    frame = run_frame(find_runs([tmp_path])).set_index("dir")
+    assert frame.loc[str(tmp_path / "sparse"), "config"] == "train.eval_every=5"
+    assert len(summary_frame(frame.reset_index())) == 2
+
+
 @pytest.mark.slow
 def test_dynasty_table_beside_ours(dynasty_sweep):
     comparison, unmatched = compare(find_runs([dynasty_sweep]), "dynasty_table1")

@@ -76,6 +76,21 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
     assert not _metrics(tmp_path / "a").equals(_metrics(tmp_path / "c"))
 
 
+@pytest.mark.slow
+def test_evaluating_every_other_epoch_trains_the_same_and_reports_the_evaluated_epochs(tmp_path):
+    every = run(make_config(*TINY, "train.epochs=3"), tmp_path / "every")
+    sparse = run(make_config(*TINY, "train.epochs=3", "train.eval_every=2"), tmp_path / "sparse")
+    a, b = _metrics(tmp_path / "every"), _metrics(tmp_path / "sparse")
+    test = [column for column in a if column.startswith("test_")]
+    pd.testing.assert_frame_equal(a.drop(columns=test), b.drop(columns=test))
+    assert b.loc[0, test].isna().all()  # epoch 1; epoch 2 is the 2nd, epoch 3 the last
+    pd.testing.assert_frame_equal(a.loc[1:, test], b.loc[1:, test])
+    assert sparse["best_test_acc"] == a.test_acc[1:].max() and sparse["final"] == every["final"]
+    assert digest(identity(make_config(*TINY, "train.eval_every=1"))) == digest(identity(make_config(*TINY)))
+    assert first_difference(identity(make_config(*TINY)), identity(make_config(*TINY, "train.eval_every=2"))) == \
+        "train.eval_every (absent) → 2"
+
+
 @pytest.mark.parametrize("method", [
     ["method=sbm"],
     # a stage switch after epoch 1 and gates whose state lives in the model

@@ -6,9 +6,19 @@
 
 from qtrain.config.checks import validate
 from qtrain.config.command_line import GROUPS, check_command_line, group_options, sweep_size, swept_keys
-from qtrain.config.identity import NOT_CONFIGURATION, NOT_IDENTITY, NOT_IN_DIR_NAME, RUN_KEYS, digest, first_difference, identity
+from qtrain.config.identity import (
+                                   NOT_CONFIGURATION,
+                                   NOT_IDENTITY,
+                                   NOT_IN_DIR_NAME,
+                                   OMITTED_AT,
+                                   RUN_KEYS,
+                                   digest,
+                                   first_difference,
+                                   identity,
+)
 from qtrain.config.resolvers import NAME_LENGTH, run_dir_name
 
-__all__ = ["GROUPS", "NAME_LENGTH", "NOT_CONFIGURATION", "NOT_IDENTITY", "NOT_IN_DIR_NAME", "RUN_KEYS",
+__all__ = ["GROUPS", "NAME_LENGTH", "NOT_CONFIGURATION", "NOT_IDENTITY", "NOT_IN_DIR_NAME", "OMITTED_AT",
+           "RUN_KEYS",
            "check_command_line", "digest", "first_difference", "group_options", "identity", "run_dir_name", "sweep_size",
            "swept_keys", "validate"]

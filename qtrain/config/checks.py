@@ -73,6 +73,9 @@ def validate(cfg: DictConfig) -> None:
     schema.read(schema.OPTIMIZERS[cfg.optim.name], cfg.optim, "optim")
     _require_own_file(cfg, "sched", "schedule")
     schema.read(schema.SCHEDULES[cfg.sched.name], cfg.sched, "sched")
+    if cfg.sched.name == "plateau" and cfg.train.eval_every > 1:
+        raise ConfigError(f"train.eval_every={cfg.train.eval_every} is not allowed with sched=plateau: it steps on "
+                          "every epoch's test loss (use train.eval_every=1, or another schedule)")
     schema.read(schema.Hardware, cfg.hardware, "hardware")
     _require_option(cfg, "model", "model")
     check_model(cfg.model)

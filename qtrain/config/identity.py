@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from qtrain import distributed
 
 INSTANTIATION_KEYS = ("_target_", "_partial_")  # Hydra's, in conf/optim and conf/sched
+_ALWAYS = object()
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class RunKey:
     path: bool = False  # made absolute in the identity: one folder named from two working directories is one run
     names_dir: bool = True  # an override of it is part of the run directory's name (hydra.job.override_dirname)
     configuration: bool = True  # runs that differ in it are different configurations (rows) in qtrain-report
+    # a key added after runs were made: at this value it is left out of the identity and of the report's
+    # configurations, so that those runs keep their identities and stay the configurations they were
+    omitted_at: Any = _ALWAYS
 
 
 _PLUMBING = RunKey(identity=False, names_dir=False, configuration=False)
@@ -44,15 +48,18 @@ RUN_KEYS: dict[str, RunKey] = {
     "seed": RunKey(configuration=False),  # a row averages its seeds
     "data.fold": RunKey(configuration=False),  # and its cross-validation folds
     "device": RunKey(configuration=False),
+    "train.eval_every": RunKey(omitted_at=1),
 }
 NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
 PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)
 NOT_IN_DIR_NAME = tuple(key for key, role in RUN_KEYS.items() if not role.names_dir)
 NOT_CONFIGURATION = tuple(key for key, role in RUN_KEYS.items() if not role.configuration)
+OMITTED_AT = {key: role.omitted_at for key, role in RUN_KEYS.items() if role.omitted_at is not _ALWAYS}
 
 
 def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
-    """The resolved config minus :data:`NOT_IDENTITY`, with :data:`PATH_KEYS` made absolute, and the world size above 1."""
+    """The resolved config minus :data:`NOT_IDENTITY` and the :data:`OMITTED_AT` keys at those values, with
+    :data:`PATH_KEYS` made absolute, and the world size above 1."""
     if isinstance(config, DictConfig):
         plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
     else:
@@ -61,6 +68,11 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
     for dotted in NOT_IDENTITY:
         *sections, key = dotted.split(".")
         _section(plain, sections).pop(key, None)
+    for dotted, value in OMITTED_AT.items():
+        *sections, key = dotted.split(".")
+        section = _section(plain, sections)
+        if key in section and section[key] == value:
+            del section[key]
     for dotted in PATH_KEYS:
         *sections, key = dotted.split(".")
         section = _section(plain, sections)

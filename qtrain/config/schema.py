@@ -147,6 +147,7 @@ class Train:
     eval_batch_size: int = bounded(1)
     accum_steps: int = bounded(1)
     batches_per_epoch: int | None = bounded(1)
+    eval_every: int = bounded(1)
     init_from: Any
 
     def __post_init__(self) -> None:

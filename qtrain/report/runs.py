@@ -23,7 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import qtrain.config  # noqa: F401 - registers the resolvers a run's .hydra/config.yaml may hold
-from qtrain.config import digest, identity
+from qtrain.config import OMITTED_AT, digest, identity
 from qtrain.errors import QtrainError
 from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary, loss_explosion
 
@@ -161,7 +161,10 @@ class Run:
 
     @cached_property
     def flat_config(self) -> dict[str, Any]:
-        return flatten(self.config)
+        """The config by dotted key, without the keys that a run made before them lacks, where they are at the
+        value such a run had (:data:`qtrain.config.OMITTED_AT`)."""
+        return {key: value for key, value in flatten(self.config).items()
+                if key not in OMITTED_AT or value != OMITTED_AT[key]}
 
     def get(self, key: str, default: Any = None) -> Any:
         """A config value by dotted key (``method.target_bits``)."""
