@@ -141,6 +141,10 @@ CASES = {
                                                       "schedule)"),
     "evaluation every 0 epochs": (["train.eval_every=0"], None,
                                   "train.eval_every=0 is not allowed: it must be an integer >= 1"),
+    "MX's ceil scale rule with only NVFP4 operands": (
+        ["method=mx", "method.weight=nvfp4", "method.act=nvfp4", "method.grad=nvfp4", "method.scale_rule=ceil"], None,
+        "method.scale_rule='ceil' is not allowed: it is the MX formats' shared exponent, and every operand is nvfp4 "
+        "(which has its own): leave it floor"),
     "cp over 100 %": (["method=dfq", "method.target_cp=150"], None,
                       "method.target_cp=150 is not allowed: it must be a finite number in (0, 100]"),
     "dfq without blocks": (["method=dfq", "model=alexnet"], None,

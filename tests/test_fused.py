@@ -75,6 +75,8 @@ FORMAT_CALLS = {
     "fp8-scaled": lambda x, r: fp8_scaling.scaled_fp8(x, "e4m3", torch.tensor(3.5, device=x.device), r),
     "mx-e2m1": lambda x, r: microscaling.mx_quantize(x, "e2m1", -1, rounding=r),
     "mx-int8-dim": lambda x, r: microscaling.mx_quantize(x, "int8", 1, block=4, rounding=r),
+    "mx-e4m3-ceil": lambda x, r: microscaling.mx_quantize(x, "e4m3", -1, rounding=r, scale_rule="ceil"),
+    "mx-e3m2-ceil-dim": lambda x, r: microscaling.mx_quantize(x, "e3m2", 1, block=4, rounding=r, scale_rule="ceil"),
     "nvfp4": lambda x, r: microscaling.nvfp4_quantize(x, 2, rounding=r),
     "nvfp4-2d": lambda x, r: microscaling.nvfp4_quantize(x, -1, block=4, rounding=r, two_d=True),
 }

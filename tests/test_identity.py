@@ -2,6 +2,7 @@
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from qtrain.config import NOT_IN_DIR_NAME, OMITTED_AT, digest, identity
 from qtrain.resources import conf_dir
@@ -30,11 +31,18 @@ def test_the_identity_of_a_config_is_what_it_was(overrides):
 
 
 # keys added after runs were committed: at the value those runs had, left out of the identity
-@pytest.mark.parametrize("key,before,other", [("train.eval_every", 1, 3)])
-def test_a_key_added_later_keeps_the_identity_at_the_value_runs_had_before_it(key, before, other):
+@pytest.mark.parametrize("key,before,other,overrides", [("train.eval_every", 1, 3, ()),
+                                                        ("method.scale_rule", "floor", "ceil", ("method=mx",))])
+def test_a_key_added_later_keeps_the_identity_at_the_value_runs_had_before_it(key, before, other, overrides):
     assert OMITTED_AT[key] == before
-    assert digest(identity(make_config(f"{key}={before}"))) == BEFORE_TARGETS[()]
-    assert digest(identity(make_config(f"{key}={other}"))) != BEFORE_TARGETS[()]
+    config = make_config(*overrides, f"{key}={before}")
+    made_before = OmegaConf.to_container(config, resolve=True)  # the same config as a run made before the key has it
+    section, name = key.split(".")
+    del made_before[section][name]
+    assert digest(identity(config)) == digest(identity(made_before))
+    assert digest(identity(make_config(*overrides, f"{key}={other}"))) != digest(identity(made_before))
+    if not overrides:
+        assert digest(identity(config)) == BEFORE_TARGETS[()]
 
 
 def test_hydras_instantiation_keys_are_not_in_the_identity():

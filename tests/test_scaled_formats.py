@@ -2,10 +2,12 @@
 
 Elements: E4M3 and E5M2 against torch's ``float8_e4m3fn``/``float8_e5m2`` casts; E3M2, E2M3 and E2M1 against
 torchao's FP6/FP4 casts; INT8 against a float64 rounding. Blocks: MX against torchao's ``to_mx`` (FLOOR scale
-mode, the spec's) and against a float64 reference written here from the spec; NVFP4 against torchao's
+mode, the spec's; RCEIL for the ceil scale rule) and against a float64 reference written here from the spec; NVFP4 against torchao's
 ``NVFP4Tensor``. Each over every float32 exponent and rounding class or a wide spread of magnitudes, and by hand
 at the block edges. torchao (a test dependency) is imported inside the tests that use it.
 """
+
+import math
 
 import pytest
 import torch
@@ -173,15 +175,20 @@ def _round_float64(y: torch.Tensor, fmt: elements.ElementFormat) -> torch.Tensor
     return (torch.round(y / step) * step).clamp(-fmt.max_normal, fmt.max_normal)
 
 
-def _mx_reference(x: torch.Tensor, name: str, dim: int, block: int) -> torch.Tensor:
-    """The spec's MX conversion in float64, block by block: X = 2^(floor(log2 amax) - emax_elem) in [2^-127, 2^127]."""
+def _mx_reference(x: torch.Tensor, name: str, dim: int, block: int, ceil: bool = False) -> torch.Tensor:
+    """The spec's MX conversion in float64, block by block: X = 2^(floor(log2 amax) - emax_elem) in [2^-127, 2^127];
+    ``ceil``: X = 2^ceil(log2(amax / max_elem)), the quotient a float32 division (cuBLAS's MXFP8 scale)."""
     fmt = ELEMENTS[name]
     moved = x.movedim(dim, -1).double()
     out = torch.empty_like(moved)
     for start in range(0, moved.shape[-1], block):
         v = moved[..., start:start + block]
         amax = v.abs().amax(-1, keepdim=True)
-        exponent = torch.floor(torch.log2(amax.clamp_min(2.0**-1000))) - fmt.emax
+        if ceil:
+            quotient = (amax.float() / torch.tensor(fmt.max_normal, dtype=torch.float32)).double()
+            exponent = torch.ceil(torch.log2(quotient.clamp_min(2.0**-1000)))
+        else:
+            exponent = torch.floor(torch.log2(amax.clamp_min(2.0**-1000))) - fmt.emax
         scale = torch.exp2(exponent.clamp(-127, 127))
         out[..., start:start + block] = _round_float64(v / scale, fmt) * scale
     return out.float().movedim(-1, dim)
@@ -193,6 +200,47 @@ def test_mx_equals_float64_reference_from_the_spec(name, shape, dim, block):
     # magnitudes down to float32's subnormals: blocks at the bottom E8M0 scale 2^-127 included
     x = _spread(shape, dim, block, low=-150, high=100, seed=3)
     _assert_same_bits(mx_quantize(x, name, dim, block), _mx_reference(x, name, dim, block))
+
+
+@pytest.mark.parametrize("name", list(ELEMENTS))
+@pytest.mark.parametrize("shape,dim,block", [((5, 70), 1, 32), ((40, 3), -2, 32)])
+def test_mx_ceil_scales_equal_float64_reference(name, shape, dim, block):
+    x = _spread(shape, dim, block, low=-150, high=100, seed=4)
+    _assert_same_bits(mx_quantize(x, name, dim, block, scale_rule="ceil"), _mx_reference(x, name, dim, block, ceil=True))
+
+
+@pytest.mark.parametrize("name", MX_FLOATS)
+def test_mx_ceil_scales_equal_torchaos_rceil(name):
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
+    from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e3m2": DTYPE_FP6_E3M2, "e2m3": DTYPE_FP6_E2M3,
+             "e2m1": torch.float4_e2m1fn_x2}[name]
+    x = _spread((6, 128), -1, 32, low=-100, seed=5)  # above the bottom E8M0 scale, which torchao's RCEIL maps to 1
+    scale, data = to_mx(x, dtype, 32, ScaleCalculationMode.RCEIL)
+    _assert_same_bits(mx_quantize(x, name, -1, scale_rule="ceil"), to_dtype(data, scale, dtype, 32, torch.float32))
+
+
+def test_mx_ceil_scale_by_hand():
+    block = torch.tensor
+    # E4M3 (max 448): amax 500 takes scale 2^floor(log2 500) - 8 = 1 and saturates; ceil(log2(500 / 448)) = 1 takes
+    # 2^1: 500 / 2 = 250 rounds to 256 (steps of 16 in [128, 256)), back to 512, and 1.0 stays
+    assert mx_quantize(block([1.0, 500.0]), "e4m3", 0).tolist() == [1.0, 448.0]
+    assert mx_quantize(block([1.0, 500.0]), "e4m3", 0, scale_rule="ceil").tolist() == [1.0, 512.0]
+    # amax exactly 448: both rules take scale 1; one ulp above it, ceil takes 2, and 448 + 2^-15 rounds back to 448
+    for rule in ("floor", "ceil"):
+        assert mx_quantize(block([448.0, 3.0]), "e4m3", 0, scale_rule=rule).tolist() == [448.0, 3.0]
+    above = torch.nextafter(block(448.0), block(math.inf))
+    assert mx_quantize(torch.stack([above, block(3.0)]), "e4m3", 0, scale_rule="ceil").tolist() == [448.0, 3.0]
+    # zero, NaN and inf blocks as under the floor rule; a tiny block at the bottom scale 2^-127, as under floor
+    assert mx_quantize(block([0.0, -0.0]), "e2m1", 0, scale_rule="ceil").tolist() == [0.0, -0.0]
+    assert mx_quantize(block([1.0, NAN]), "e2m1", 0, scale_rule="ceil").isnan().all()
+    assert mx_quantize(block([1.0, INF]), "e2m1", 0, scale_rule="ceil").isnan().all()
+    tiny = block([2.0**-130, 3 * 2.0**-134, 2.0**-140])
+    assert mx_quantize(tiny, "e4m3", 0, scale_rule="ceil").tolist() == [2.0**-130, 3 * 2.0**-134, 0.0]
+    with pytest.raises(ValueError, match="scale rule 'up' is not one of"):
+        mx_quantize(block([1.0]), "e4m3", 0, scale_rule="up")
 
 
 def test_mx_block_edges_by_hand():

@@ -49,6 +49,7 @@ RUN_KEYS: dict[str, RunKey] = {
     "data.fold": RunKey(configuration=False),  # and its cross-validation folds
     "device": RunKey(configuration=False),
     "train.eval_every": RunKey(omitted_at=1),
+    "method.scale_rule": RunKey(omitted_at="floor"),  # MX's
 }
 NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
 PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)

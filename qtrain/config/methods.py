@@ -517,6 +517,11 @@ class BlockFormat(Enum):
     NVFP4 = "nvfp4"
 
 
+class ScaleRule(Enum):
+    FLOOR = "floor"  # OCP MX v1.0
+    CEIL = "ceil"  # cuBLAS, Transformer Engine
+
+
 class WeightBlocks(Enum):
     ONE_D = "1d"  # blocks along each GEMM's reduction dimension
     TWO_D = "2d"  # 16 x 16 tiles, the same in the weight and its transpose (NVFP4's recipe)
@@ -527,12 +532,16 @@ class MX(FloatEnds):
     weight: BlockFormat
     act: BlockFormat
     grad: BlockFormat
+    scale_rule: ScaleRule
     grad_rounding: Rounding
     weight_blocks: WeightBlocks
     hadamard_wgrad: bool
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.scale_rule is ScaleRule.CEIL and all(fmt is BlockFormat.NVFP4 for fmt in (self.weight, self.act, self.grad)):
+            raise not_allowed("method.scale_rule", "ceil", "it is the MX formats' shared exponent, and every operand "
+                              "is nvfp4 (which has its own): leave it floor")
         if self.weight_blocks is WeightBlocks.TWO_D and self.weight is not BlockFormat.NVFP4:
             raise not_allowed("method.weight_blocks", "2d", f"2-D weight blocks are NVFP4's (method.weight={self.weight.value}: "
                               "use 1d)")

@@ -23,8 +23,9 @@ class MX(ScaledFormats):
     def operands(self, layer: nn.Module) -> ScaledOperands:
         cfg = self.cfg
         if isinstance(layer, MatMul):  # the second operand is an activation, in the activations' format
-            weight = BlockScaled(cfg.act)
+            weight = BlockScaled(cfg.act, scale_rule=cfg.scale_rule)
         else:
-            weight = BlockScaled(cfg.weight, two_d=cfg.weight_blocks == "2d")
-        return ScaledOperands(weight, BlockScaled(cfg.act), BlockScaled(cfg.grad, rounding=cfg.grad_rounding),
+            weight = BlockScaled(cfg.weight, two_d=cfg.weight_blocks == "2d", scale_rule=cfg.scale_rule)
+        return ScaledOperands(weight, BlockScaled(cfg.act, scale_rule=cfg.scale_rule),
+                              BlockScaled(cfg.grad, rounding=cfg.grad_rounding, scale_rule=cfg.scale_rule),
                               hadamard_wgrad=cfg.hadamard_wgrad)

@@ -29,6 +29,7 @@ E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT = -127, 127  # 0xFF is NaN; E8M0 has no zer
 NVFP4_TENSOR_SCALE_MIN = 2.0**-120  # the per-tensor scale's floor (see nvfp4_quantize)
 E4M3_SMALLEST_NORMAL = 2.0**-6  # NVFP4's smallest block scale
 MX_ELEMENTS = tuple(ELEMENTS)
+SCALE_RULES = ("floor", "ceil")  # MX's shared exponent: OCP MX v1.0's | rounded up, as cuBLAS and Transformer Engine
 
 
 def _block_view(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
@@ -58,12 +59,28 @@ def _tile_view(x: torch.Tensor, block: int) -> tuple[torch.Tensor, Callable[[tor
     return view, lambda y: y.reshape(padded)[:, :r, :c].reshape(x.shape)
 
 
-def _mx_math(blocks: torch.Tensor, amax: torch.Tensor, key: torch.Tensor, *, elem: str, stochastic: bool) -> torch.Tensor:
+def _floor_log2(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2 x) of non-negative float32 ``x`` from its exponent bits (int32); a subnormal or zero reads -127."""
+    return ((x.view(torch.int32) >> 23) & 0xFF) - 127
+
+
+def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
+    """ceil(log2 x) of non-negative float32 ``x`` (int32), exact: a power of two is its exponent, any other value
+    one more; below 2^-126 (subnormals), -126 down to 2^-127 exclusive and -127 below it (and for zero)."""
+    bits = x.view(torch.int32)
+    normal = _floor_log2(x) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    subnormal = (x > 2.0**-127).to(torch.int32) - 127
+    return torch.where(bits >= 0x800000, normal, subnormal)
+
+
+def _mx_math(blocks: torch.Tensor, amax: torch.Tensor, key: torch.Tensor, max_normal: torch.Tensor, *, elem: str,
+             stochastic: bool, ceil: bool) -> torch.Tensor:
     """MX on ``(outer, blocks, block, inner)`` with each block's ``amax``: shared exponent ``floor(log2 amax) -
-    emax_elem`` clamped to E8M0's range; elements on the element grid at that scale; a block with NaN or inf (no
-    E8M0 scale) all NaN."""
-    # floor(log2 amax) from the exponent bits: a float32 subnormal or zero amax reads -127, below every clamp
-    k = (((amax.view(torch.int32) >> 23) & 0xFF) - 127 - ELEMENTS[elem].emax).clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
+    emax_elem`` (``ceil``: ``ceil(log2(amax / max_normal))``, ``max_normal`` the element's largest magnitude as a
+    tensor) clamped to E8M0's range; elements on the element grid at that scale; a block with NaN or inf (no E8M0
+    scale) all NaN."""
+    k = _ceil_log2(amax / max_normal) if ceil else _floor_log2(amax) - ELEMENTS[elem].emax
+    k = k.clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
     elements = element_math(scale_pow2(blocks, -k), key, elem=elem, stochastic=stochastic)
     return torch.where(amax < math.inf, scale_pow2(elements, k), math.nan)
 
@@ -72,35 +89,45 @@ _mx_with_amax = fused(_mx_math)
 
 
 @fused
-def _mx(blocks: torch.Tensor, key: torch.Tensor, *, elem: str, stochastic: bool) -> torch.Tensor:
+def _mx(blocks: torch.Tensor, key: torch.Tensor, max_normal: torch.Tensor, *, elem: str, stochastic: bool,
+        ceil: bool) -> torch.Tensor:
     """:func:`_mx_math` with the blocks' amax found in the same kernel (NaN propagates)."""
-    return _mx_math(blocks, blocks.abs().amax(2, keepdim=True), key, elem=elem, stochastic=stochastic)
+    return _mx_math(blocks, blocks.abs().amax(2, keepdim=True), key, max_normal, elem=elem, stochastic=stochastic,
+                    ceil=ceil)
 
 
 def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rounding: Rounding = "nearest",
-                key: torch.Tensor | None = None) -> torch.Tensor:
+                key: torch.Tensor | None = None, scale_rule: str = "floor") -> torch.Tensor:
     """``x`` in the OCP MX format with element ``elem`` (a key of ``ELEMENTS``), blocks of ``block`` along ``dim``.
 
     Per block (spec section 6.3): shared scale ``X = 2^(floor(log2 amax) - emax_elem)``, amax the block's
-    largest magnitude and emax_elem the element format's largest normal exponent, the exponent clamped to
-    E8M0's -127..127 (a block below 2^(emax_elem - 126) gets scale 2^-127; the top clamp is never reached
-    by a finite amax); elements ``round_to_element(x / X)``, saturating at ±max normal (half to even, or
-    stochastic with ``key``); returned as ``element * X``. An all-zero block stays zero; a block holding NaN
-    or ±inf comes back all NaN (its amax has no E8M0 scale: the spec's NaN scale).
+    largest magnitude and emax_elem the element format's largest normal exponent; with ``scale_rule="ceil"``
+    ``X = 2^ceil(log2(amax / max_elem))``, the quotient rounded to float32, max_elem the element's largest
+    magnitude (cuBLAS's MXFP8 scale, Transformer Engine's and torchao's RCEIL: no element saturates). The exponent
+    is clamped to E8M0's -127..127 (a tiny block gets scale 2^-127; the top clamp is never reached by a finite
+    amax); elements ``round_to_element(x / X)``, saturating at ±max normal (half to even, or stochastic with
+    ``key``); returned as ``element * X``. An all-zero block stays zero; a block holding NaN or ±inf comes back
+    all NaN (its amax has no E8M0 scale: the spec's NaN scale).
     """
     if elem not in ELEMENTS:
         raise ValueError(f"MX element {elem!r} is not one of {MX_ELEMENTS}")
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"MX scale rule {scale_rule!r} is not one of {SCALE_RULES}")
     _check_float32(x)
     if x.numel() == 0:
         return x.clone()
     stochastic = _stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
+    # a tensor: a compiled division by a literal becomes a multiplication by its rounded reciprocal
+    max_normal = device_constant(ELEMENTS[elem].max_normal, torch.float32, x.device)
+    ceil = scale_rule == "ceil"
     view, back = _block_view(x, dim, block)
     if view.shape[3] > 1:
-        return back(_mx(view, key, elem=elem, stochastic=stochastic))
+        return back(_mx(view, key, max_normal, elem=elem, stochastic=stochastic, ceil=ceil))
     # blocks along the last dimension: torch's own reduction finds their amax (NaN propagates), a compiled one over
     # short contiguous runs being several times slower on the CPU; max is exact, so both give the same bits
-    return back(_mx_with_amax(view, view.abs().amax(2, keepdim=True), key, elem=elem, stochastic=stochastic))
+    return back(_mx_with_amax(view, view.abs().amax(2, keepdim=True), key, max_normal, elem=elem,
+                              stochastic=stochastic, ceil=ceil))
 
 
 @fused

@@ -108,13 +108,14 @@ class BlockScaled(ScaledQuantizer):
 
     per_gemm = True
 
-    def __init__(self, fmt: str, rounding: str = "nearest", two_d: bool = False) -> None:
+    def __init__(self, fmt: str, rounding: str = "nearest", two_d: bool = False, scale_rule: str = "floor") -> None:
+        """``scale_rule``: an MX format's shared exponent (:data:`microscaling.SCALE_RULES`); NVFP4 has its own."""
         super().__init__()
         if fmt not in BLOCK_FORMATS:
             raise ValueError(f"block format {fmt!r} is not one of {BLOCK_FORMATS}")
         if two_d and fmt != "nvfp4":
             raise ValueError(f"2-D blocks are NVFP4's weight recipe, not {fmt}'s")
-        self.fmt, self.rounding, self.two_d = fmt, rounding, two_d
+        self.fmt, self.rounding, self.two_d, self.scale_rule = fmt, rounding, two_d, scale_rule
         self.per_gemm = not two_d  # a 16 x 16 block is the same block in the weight and its transpose: quantized once
         self.element = ELEMENTS["e2m1" if fmt == "nvfp4" else MX_FORMATS[fmt]]
 
@@ -131,4 +132,4 @@ class BlockScaled(ScaledQuantizer):
             return microscaling.nvfp4_quantize(moved, -1, rounding=self.rounding, two_d=True).movedim((-2, -1), (0, 1))
         if self.fmt == "nvfp4":
             return microscaling.nvfp4_quantize(x, dim, rounding=self.rounding)
-        return microscaling.mx_quantize(x, MX_FORMATS[self.fmt], dim, rounding=self.rounding)
+        return microscaling.mx_quantize(x, MX_FORMATS[self.fmt], dim, rounding=self.rounding, scale_rule=self.scale_rule)
