@@ -2,9 +2,9 @@
 
 Elements: E4M3 and E5M2 against torch's ``float8_e4m3fn``/``float8_e5m2`` casts; E3M2, E2M3 and E2M1 against
 torchao's FP6/FP4 casts; INT8 against a float64 rounding. Blocks: MX against torchao's ``to_mx`` (FLOOR scale
-mode, the spec's; RCEIL for the ceil scale rule) and against a float64 reference written here from the spec; NVFP4 against torchao's
-``NVFP4Tensor``. Each over every float32 exponent and rounding class or a wide spread of magnitudes, and by hand
-at the block edges. torchao (a test dependency) is imported inside the tests that use it.
+mode, the spec's; RCEIL for the ceil scale rule) and against a float64 reference written here from the spec;
+NVFP4 against torchao's ``NVFP4Tensor``. Each over every float32 exponent and rounding class or a wide spread of
+magnitudes, and by hand at the block edges. torchao (a test dependency) is imported inside the tests that use it.
 """
 
 import math
