@@ -10,7 +10,8 @@ import torch
 
 from qtrain.errors import ConfigError
 from qtrain.methods import RunFacts, StepInfo, adapt_switching, build_method
-from qtrain.methods.adapt import LayerSwitchState, tnvs_init_
+from qtrain.methods.adapt import LayerSwitchState
+from qtrain.methods.adapt_recipe import tnvs_init_
 from qtrain.methods.adapt_switching import (
     Format,
     adapt_lookback,

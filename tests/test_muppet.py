@@ -453,10 +453,10 @@ def test_the_epoch_the_method_stops_at_is_evaluated_whatever_eval_every(tmp_path
     assert sparse["stopped_early"]["epoch"] == 4
 
 
-def test_mini_settings_switch_twice_on_diversity_drops():
+def test_mini_settings_switch_every_six_epochs_on_repeated_diversity_drops():
     # scale=mini's windows (2 epochs) and threshold with the paper's patience 2: checks close at epochs 1, 3, 5, ...
     # (0-based). A stage's first check sets the maximum; its next two violate when the diversity falls below
-    # max / T(e): here to a third of it (T <= 2.5 always). The fastest two switches close at epochs 5 and 11.
+    # max / T(e): here to a third of it (T <= 2.5 always). The fastest switches close at epochs 5, 11, 17 and 23.
     cfg = make_config("method=muppet", "scale=mini").method
     assert (cfg.resolution, cfg.patience, cfg.float32_lr.every, cfg.float32_lr.decays) == (2, 2, 2, 2)
     method = build_method(cfg)

@@ -16,7 +16,6 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from torch import nn
 
 from qtrain import distributed
 from qtrain.cost.adapt_model import LayerState
+from qtrain.methods.adapt_recipe import initialize, l1_norm
 from qtrain.methods.adapt_switching import (
     Format,
     adapt_lookback,
@@ -44,33 +44,6 @@ from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import DensityTracked, FixedPoint
 
 log = logging.getLogger(__name__)
-
-
-def tnvs_init_(weight: torch.Tensor, scale: float) -> None:
-    """Sec. 3.1: truncated normal, ``σ = sqrt(scale / fan_in)``, cut at ``±sqrt(3 scale / fan_in)``.
-
-    Drawn from the CPU generator and copied onto ``weight``'s device, so a run starts from the same weights (and
-    leaves the generator in the same state for what follows) on every device.
-    """
-    fan_in = weight[0].numel()
-    bound = math.sqrt(3 * scale / fan_in)
-    drawn = nn.init.trunc_normal_(torch.empty(weight.shape, dtype=weight.dtype), 0.0, math.sqrt(scale / fan_in), -bound, bound)
-    weight.copy_(drawn)
-
-
-def initialize(model: nn.Module, init: str, scale: float) -> None:
-    """``tnvs``: every Conv2d/Linear weight by :func:`tnvs_init_` (biases and batch norm keep the model's);
-    ``model``: the model's own initialization."""
-    if init == "tnvs":
-        for layer in model.modules():
-            if isinstance(layer, (nn.Conv2d, nn.Linear)):
-                tnvs_init_(layer.weight.data, scale)
-
-
-def l1_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """``Σ |t|`` over every element of ``tensors``: the sparsifying term ``||W||_1`` (Sec. 3.4); its
-    gradient is ``sign(t)``."""
-    return sum(t.abs().sum() for t in tensors)
 
 
 class RoundedCopy(DensityTracked):

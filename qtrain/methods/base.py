@@ -1,7 +1,7 @@
 """The method interface.
 
 A method is a precision policy: the trainer calls its hooks, and every hook defaults to doing
-nothing, so float32 is the base class itself and a new method never edits the trainer.
+nothing, so a method overrides only the hooks it needs and never edits the trainer.
 """
 
 from __future__ import annotations

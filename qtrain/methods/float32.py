@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from qtrain.methods.adapt import initialize, l1_norm
+from qtrain.methods.adapt_recipe import initialize, l1_norm
 from qtrain.methods.base import Method, StepInfo
 
 
