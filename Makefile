@@ -32,11 +32,12 @@ default-job-figures: $(VENV)/.installed
 	  $(VENV)/bin/qtrain -m method=sbm,float32 progress=false hydra.sweep.dir=$${TMPDIR:-/tmp}/qtrain-default-job \
 	    | sed -n '/^ *method /,$$p'; } > results/default_job.txt
 
+# the tests spread over one worker per core (pytest-xdist), one torch thread each
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow"
 
 test-full: $(VENV)/.installed
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check qtrain tests scripts

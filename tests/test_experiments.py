@@ -1,9 +1,11 @@
 """Every experiment composes at every scale and passes the checks a run makes before any work; paper scale is
 the papers' settings; mini shortens the schedule in proportion; every experiment runs at smoke scale."""
 
+import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -172,7 +174,21 @@ def _run_at_smoke(experiment: str, runs: Path, *overrides: str) -> Path:
 @pytest.mark.slow
 def test_every_experiment_runs_at_smoke_scale(experiment, smoke_runs):
     run_dir = _run_at_smoke(experiment, smoke_runs)
-    assert (run_dir / "summary.json").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = OmegaConf.create(summary["config"])
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    # the experiment's own config trained to its end (or to the epoch its method stopped at), every epoch on record
+    assert summary["run_id"] == run_dir.name and summary["method"] == config.method.name
+    stopped = summary["stopped_early"]
+    assert summary["epochs_completed"] == (stopped["epoch"] if stopped else config.train.epochs)
+    assert metrics.epoch.tolist() == list(range(1, summary["epochs_completed"] + 1))
+    assert metrics.effective_macs.is_monotonic_increasing and metrics.train_loss.notna().all()
+    cost = summary["cost"]
+    assert cost["effective_macs"] == pytest.approx(metrics.effective_macs.iloc[-1])
+    if config.method.name == "float32":
+        assert cost["percent_of_float32"] == pytest.approx(100.0)
+    else:  # every quantized method costs less than float32's MACs, and more than nothing
+        assert 0 < cost["percent_of_float32"] < 100
 
 
 @pytest.mark.parametrize("table", [e for e in EXPERIMENTS if e in paper_tables()])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +92,29 @@ def _is_group(override: Any) -> bool:
     return override.key_or_group in GROUPS and override.package is None
 
 
-def compose_config(conf_dir: Path, choices: list[str], with_hydra: bool = False) -> DictConfig:
-    from hydra import compose, initialize_config_dir
+_COMPOSING: list[Path] = []  # the config tree of the enclosing composing() context, if any
+
+
+@contextlib.contextmanager
+def composing(conf_dir: Path) -> Iterator[None]:
+    """Hydra set up once for every :func:`compose_config` inside (each call alone sets it up anew)."""
+    if _COMPOSING:
+        yield
+        return
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        _COMPOSING.append(conf_dir)
+        try:
+            yield
+        finally:
+            _COMPOSING.pop()
+
+
+def compose_config(conf_dir: Path, choices: list[str], with_hydra: bool = False) -> DictConfig:
+    from hydra import compose
+
+    with composing(conf_dir):
         return compose(config_name="config", overrides=choices, return_hydra_config=with_hydra)
 
 
@@ -217,6 +238,11 @@ def _check_safe(override: Any) -> None:
 def check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
     """Raise ConfigError for an override that names no group choice or key, gives a value of the wrong type, or could
     make qtrain call a function (:data:`UNSAFE_HYDRA_KEYS`, :data:`INSTANTIATION_KEYS`)."""
+    with composing(conf_dir):
+        _check_command_line(overrides, conf_dir, multirun)
+
+
+def _check_command_line(overrides: list[str], conf_dir: Path, multirun: bool) -> None:
     everything = _parse(overrides)
     for override in everything:
         _check_safe(override)
