@@ -177,15 +177,15 @@ def _round_float64(y: torch.Tensor, fmt: elements.ElementFormat) -> torch.Tensor
 
 def _mx_reference(x: torch.Tensor, name: str, dim: int, block: int, ceil: bool = False) -> torch.Tensor:
     """The spec's MX conversion in float64, block by block: X = 2^(floor(log2 amax) - emax_elem) in [2^-127, 2^127];
-    ``ceil``: X = 2^ceil(log2(amax / max_elem)), the quotient a float32 division (cuBLAS's MXFP8 scale)."""
+    ``ceil``: X = 2^ceil(log2(amax * (1 / max_elem))), reciprocal and product in float32 (Transformer Engine's)."""
     fmt = ELEMENTS[name]
     moved = x.movedim(dim, -1).double()
     out = torch.empty_like(moved)
     for start in range(0, moved.shape[-1], block):
         v = moved[..., start:start + block]
         amax = v.abs().amax(-1, keepdim=True)
-        if ceil:
-            quotient = (amax.float() / torch.tensor(fmt.max_normal, dtype=torch.float32)).double()
+        if ceil:  # the product with float32's 1 / max, rounded to float32 (Transformer Engine's order)
+            quotient = (amax.float() * torch.tensor(1 / fmt.max_normal, dtype=torch.float32)).double()
             exponent = torch.ceil(torch.log2(quotient.clamp_min(2.0**-1000)))
         else:
             exponent = torch.floor(torch.log2(amax.clamp_min(2.0**-1000))) - fmt.emax
@@ -210,6 +210,20 @@ def test_mx_ceil_scales_equal_float64_reference(name, shape, dim, block):
 
 
 @pytest.mark.parametrize("name", MX_FLOATS)
+def test_mx_ceil_scale_of_the_reciprocal_product_is_the_quotients_for_float_elements(name):
+    # Transformer Engine multiplies amax by float32's 1 / max, cuDNN's documentation divides: over a whole binade of
+    # float32 amaxes (and so over every binade, the factors being powers of two) both round up to the same exponent
+    from qtrain.quant.microscaling import _ceil_log2
+
+    amax = (torch.arange(2**23, dtype=torch.int32) + (127 << 23)).view(torch.float32)  # every float32 in [1, 2)
+    for shift in (0, 10, -20):
+        scaled = amax * 2.0**shift
+        product = scaled * torch.tensor(1 / ELEMENTS[name].max_normal, dtype=torch.float32)
+        quotient = scaled / torch.tensor(ELEMENTS[name].max_normal, dtype=torch.float32)
+        assert torch.equal(_ceil_log2(product), _ceil_log2(quotient))
+
+
+@pytest.mark.parametrize("name", MX_FLOATS)
 def test_mx_ceil_scales_equal_torchaos_rceil(name):
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
@@ -217,7 +231,9 @@ def test_mx_ceil_scales_equal_torchaos_rceil(name):
 
     dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e3m2": DTYPE_FP6_E3M2, "e2m3": DTYPE_FP6_E2M3,
              "e2m1": torch.float4_e2m1fn_x2}[name]
-    x = _spread((6, 128), -1, 32, low=-100, seed=5)  # above the bottom E8M0 scale, which torchao's RCEIL maps to 1
+    # blocks above the bottom E8M0 scale, where torchao 0.18's RCEIL quantizes with a reciprocal of 1 (flushing the
+    # block to zero); random amaxes, where its float32 log2 cannot round a quotient just above a power of two down
+    x = _spread((6, 128), -1, 32, low=-100, seed=5)
     scale, data = to_mx(x, dtype, 32, ScaleCalculationMode.RCEIL)
     _assert_same_bits(mx_quantize(x, name, -1, scale_rule="ceil"), to_dtype(data, scale, dtype, 32, torch.float32))
 
@@ -239,6 +255,8 @@ def test_mx_ceil_scale_by_hand():
     assert mx_quantize(block([1.0, INF]), "e2m1", 0, scale_rule="ceil").isnan().all()
     tiny = block([2.0**-130, 3 * 2.0**-134, 2.0**-140])
     assert mx_quantize(tiny, "e4m3", 0, scale_rule="ceil").tolist() == [2.0**-130, 3 * 2.0**-134, 0.0]
+    # just above a power of two: 7168 / 448 = 16, so amax 7168 + 2^-11 takes 2^5 (torchao 0.18's log2 says 2^4)
+    assert mx_quantize(block([7168.0 + 2.0**-11, 0.03125]), "e4m3", 0, scale_rule="ceil").tolist() == [7168.0, 0.0]
     with pytest.raises(ValueError, match="scale rule 'up' is not one of"):
         mx_quantize(block([1.0]), "e4m3", 0, scale_rule="up")
 

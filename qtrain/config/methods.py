@@ -519,7 +519,7 @@ class BlockFormat(Enum):
 
 class ScaleRule(Enum):
     FLOOR = "floor"  # OCP MX v1.0
-    CEIL = "ceil"  # cuBLAS, Transformer Engine
+    CEIL = "ceil"  # Transformer Engine's MXFP8
 
 
 class WeightBlocks(Enum):

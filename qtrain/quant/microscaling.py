@@ -29,7 +29,9 @@ E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT = -127, 127  # 0xFF is NaN; E8M0 has no zer
 NVFP4_TENSOR_SCALE_MIN = 2.0**-120  # the per-tensor scale's floor (see nvfp4_quantize)
 E4M3_SMALLEST_NORMAL = 2.0**-6  # NVFP4's smallest block scale
 MX_ELEMENTS = tuple(ELEMENTS)
-SCALE_RULES = ("floor", "ceil")  # MX's shared exponent: OCP MX v1.0's | rounded up, as cuBLAS and Transformer Engine
+# 1 / the element's largest magnitude, computed in double and rounded to float32 (Transformer Engine's max_norm_rcp)
+MAX_NORMAL_RCP = {name: float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) for name, fmt in ELEMENTS.items()}
+SCALE_RULES = ("floor", "ceil")  # MX's shared exponent: OCP MX v1.0's | rounded up, as Transformer Engine's MXFP8
 
 
 def _block_view(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
@@ -73,13 +75,13 @@ def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.where(bits >= 0x800000, normal, subnormal)
 
 
-def _mx_math(blocks: torch.Tensor, amax: torch.Tensor, key: torch.Tensor, max_normal: torch.Tensor, *, elem: str,
+def _mx_math(blocks: torch.Tensor, amax: torch.Tensor, key: torch.Tensor, max_normal_rcp: torch.Tensor, *, elem: str,
              stochastic: bool, ceil: bool) -> torch.Tensor:
     """MX on ``(outer, blocks, block, inner)`` with each block's ``amax``: shared exponent ``floor(log2 amax) -
-    emax_elem`` (``ceil``: ``ceil(log2(amax / max_normal))``, ``max_normal`` the element's largest magnitude as a
-    tensor) clamped to E8M0's range; elements on the element grid at that scale; a block with NaN or inf (no E8M0
-    scale) all NaN."""
-    k = _ceil_log2(amax / max_normal) if ceil else _floor_log2(amax) - ELEMENTS[elem].emax
+    emax_elem`` (``ceil``: ``ceil(log2(amax * max_normal_rcp))``, the reciprocal of the element's largest magnitude
+    rounded to float32, as a tensor) clamped to E8M0's range; elements on the element grid at that scale; a block
+    with NaN or inf (no E8M0 scale) all NaN."""
+    k = _ceil_log2(amax * max_normal_rcp) if ceil else _floor_log2(amax) - ELEMENTS[elem].emax
     k = k.clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
     elements = element_math(scale_pow2(blocks, -k), key, elem=elem, stochastic=stochastic)
     return torch.where(amax < math.inf, scale_pow2(elements, k), math.nan)
@@ -89,10 +91,10 @@ _mx_with_amax = fused(_mx_math)
 
 
 @fused
-def _mx(blocks: torch.Tensor, key: torch.Tensor, max_normal: torch.Tensor, *, elem: str, stochastic: bool,
+def _mx(blocks: torch.Tensor, key: torch.Tensor, max_normal_rcp: torch.Tensor, *, elem: str, stochastic: bool,
         ceil: bool) -> torch.Tensor:
     """:func:`_mx_math` with the blocks' amax found in the same kernel (NaN propagates)."""
-    return _mx_math(blocks, blocks.abs().amax(2, keepdim=True), key, max_normal, elem=elem, stochastic=stochastic,
+    return _mx_math(blocks, blocks.abs().amax(2, keepdim=True), key, max_normal_rcp, elem=elem, stochastic=stochastic,
                     ceil=ceil)
 
 
@@ -102,12 +104,13 @@ def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rou
 
     Per block (spec section 6.3): shared scale ``X = 2^(floor(log2 amax) - emax_elem)``, amax the block's
     largest magnitude and emax_elem the element format's largest normal exponent; with ``scale_rule="ceil"``
-    ``X = 2^ceil(log2(amax / max_elem))``, the quotient rounded to float32, max_elem the element's largest
-    magnitude (cuBLAS's MXFP8 scale, Transformer Engine's and torchao's RCEIL: no element saturates). The exponent
-    is clamped to E8M0's -127..127 (a tiny block gets scale 2^-127; the top clamp is never reached by a finite
-    amax); elements ``round_to_element(x / X)``, saturating at ±max normal (half to even, or stochastic with
-    ``key``); returned as ``element * X``. An all-zero block stays zero; a block holding NaN or ±inf comes back
-    all NaN (its amax has no E8M0 scale: the spec's NaN scale).
+    ``X = 2^ceil(log2(amax * (1 / max_elem)))``, max_elem the element's largest magnitude and its reciprocal and
+    the product rounded to float32 (Transformer Engine's MXFP8 scale, ``float_to_e8m0(amax * max_norm_rcp)``:
+    the block's largest element does not saturate). The exponent is clamped to E8M0's -127..127 (a tiny block
+    gets scale 2^-127; only an MXINT8 block with amax above 127/64 * 2^127 reaches the top); elements
+    ``round_to_element(x / X)``, saturating at ±max normal (half to even, or stochastic with ``key``); returned
+    as ``element * X``. An all-zero block stays zero; a block holding NaN or ±inf comes back all NaN (its amax
+    has no E8M0 scale: the spec's NaN scale).
     """
     if elem not in ELEMENTS:
         raise ValueError(f"MX element {elem!r} is not one of {MX_ELEMENTS}")
@@ -118,15 +121,15 @@ def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rou
         return x.clone()
     stochastic = _stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
-    # a tensor: a compiled division by a literal becomes a multiplication by its rounded reciprocal
-    max_normal = device_constant(ELEMENTS[elem].max_normal, torch.float32, x.device)
+    # a tensor: a compiled kernel would fold a literal into its product in another precision
+    max_normal_rcp = device_constant(MAX_NORMAL_RCP[elem], torch.float32, x.device)
     ceil = scale_rule == "ceil"
     view, back = _block_view(x, dim, block)
     if view.shape[3] > 1:
-        return back(_mx(view, key, max_normal, elem=elem, stochastic=stochastic, ceil=ceil))
+        return back(_mx(view, key, max_normal_rcp, elem=elem, stochastic=stochastic, ceil=ceil))
     # blocks along the last dimension: torch's own reduction finds their amax (NaN propagates), a compiled one over
     # short contiguous runs being several times slower on the CPU; max is exact, so both give the same bits
-    return back(_mx_with_amax(view, view.abs().amax(2, keepdim=True), key, max_normal, elem=elem,
+    return back(_mx_with_amax(view, view.abs().amax(2, keepdim=True), key, max_normal_rcp, elem=elem,
                               stochastic=stochastic, ceil=ceil))
 
 
