@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig
 
 from qtrain.config.schema import Bits, bounded, is_integer, not_allowed, read
 from qtrain.errors import ConfigError
+from qtrain.quant import choices
 
 
 class Precision(Enum):
@@ -408,14 +409,15 @@ class MuPPET(Priced):
 
 # ---- DYNASTY ----
 
-STATIC_BITS = 8  # the static operand's mantissa bits, the widest a block gets (qtrain.quant.block_maps reads it here)
+STATIC_BITS = choices.DYNASTY_STATIC_BITS
 
 
-class Rounding(Enum):
-    """How a format rounds onto its grid (qtrain.quant.formats.ROUNDINGS are these values)."""
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """An Enum of the kernels' choices (:mod:`qtrain.quant.choices`), a member per value under its upper-case name."""
+    return Enum(name, {value.upper(): value for value in values})
 
-    NEAREST = "nearest"
-    STOCHASTIC = "stochastic"
+
+Rounding = _choices("Rounding", choices.ROUNDINGS)  # how a format rounds onto its grid
 
 
 class Average(Enum):
@@ -507,19 +509,8 @@ class FP8(FloatEnds):
     margin: int = bounded(0, 127)  # 2^margin must be a float32
 
 
-class BlockFormat(Enum):
-    MXFP8_E4M3 = "mxfp8_e4m3"
-    MXFP8_E5M2 = "mxfp8_e5m2"
-    MXFP6_E3M2 = "mxfp6_e3m2"
-    MXFP6_E2M3 = "mxfp6_e2m3"
-    MXFP4_E2M1 = "mxfp4_e2m1"
-    MXINT8 = "mxint8"
-    NVFP4 = "nvfp4"
-
-
-class ScaleRule(Enum):
-    FLOOR = "floor"  # OCP MX v1.0
-    CEIL = "ceil"  # Transformer Engine's MXFP8
+BlockFormat = _choices("BlockFormat", choices.BLOCK_FORMATS)
+ScaleRule = _choices("ScaleRule", choices.MX_SCALE_RULES)
 
 
 class WeightBlocks(Enum):

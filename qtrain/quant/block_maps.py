@@ -16,8 +16,8 @@ import math
 import torch
 from torch import nn
 
-from qtrain.config.methods import STATIC_BITS
 from qtrain.quant import formats
+from qtrain.quant.choices import DYNASTY_STATIC_BITS as STATIC_BITS
 from qtrain.quant.formats import Rounding
 from qtrain.quant.quantizers import Quantizer
 from qtrain.quant.rounding import fused, pow2_float64

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from qtrain.config import methods as schemas
+from qtrain.quant.choices import ROUNDINGS
 from qtrain.quant.rounding import (
     device_constant,
     fused,
@@ -35,7 +35,6 @@ from qtrain.quant.rounding import (
 
 Rounding = Literal["nearest", "stochastic"]
 Granularity = Literal["tensor", "channel", "sample_mean"]
-ROUNDINGS = tuple(rounding.value for rounding in schemas.Rounding)
 GRANULARITIES = ("tensor", "channel", "sample_mean")
 
 

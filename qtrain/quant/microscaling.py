@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from qtrain.quant.choices import MX_SCALE_RULES
 from qtrain.quant.elements import ELEMENTS, element_math
 from qtrain.quant.formats import Rounding, _stochastic
 from qtrain.quant.rounding import device_constant, fused, key_for, scale_pow2
@@ -31,7 +32,6 @@ E4M3_SMALLEST_NORMAL = 2.0**-6  # NVFP4's smallest block scale
 MX_ELEMENTS = tuple(ELEMENTS)
 # 1 / the element's largest magnitude, computed in double and rounded to float32 (Transformer Engine's max_norm_rcp)
 MAX_NORMAL_RCP = {name: float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) for name, fmt in ELEMENTS.items()}
-SCALE_RULES = ("floor", "ceil")  # MX's shared exponent: OCP MX v1.0's | rounded up, as Transformer Engine's MXFP8
 
 
 def _block_view(x: torch.Tensor, dim: int, block: int) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
@@ -114,8 +114,8 @@ def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rou
     """
     if elem not in ELEMENTS:
         raise ValueError(f"MX element {elem!r} is not one of {MX_ELEMENTS}")
-    if scale_rule not in SCALE_RULES:
-        raise ValueError(f"MX scale rule {scale_rule!r} is not one of {SCALE_RULES}")
+    if scale_rule not in MX_SCALE_RULES:
+        raise ValueError(f"MX scale rule {scale_rule!r} is not one of {MX_SCALE_RULES}")
     _check_float32(x)
     if x.numel() == 0:
         return x.clone()

@@ -13,14 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qtrain.config import methods as schemas
 from qtrain.quant import fp8_scaling, microscaling
+from qtrain.quant.choices import BLOCK_FORMATS, MX_ELEMENTS_OF
 from qtrain.quant.elements import ELEMENTS, ElementFormat
 
 TENSOR_SCALE_BITS = 32  # a float32 per-tensor scale (FP8, NVFP4's second level)
-MX_FORMATS = {"mxfp8_e4m3": "e4m3", "mxfp8_e5m2": "e5m2", "mxfp6_e3m2": "e3m2", "mxfp6_e2m3": "e2m3",
-              "mxfp4_e2m1": "e2m1", "mxint8": "int8"}
-BLOCK_FORMATS = tuple(fmt.value for fmt in schemas.BlockFormat)  # MX_FORMATS and nvfp4
 
 
 class ScaledQuantizer(nn.Module):
@@ -109,7 +106,7 @@ class BlockScaled(ScaledQuantizer):
     per_gemm = True
 
     def __init__(self, fmt: str, rounding: str = "nearest", two_d: bool = False, scale_rule: str = "floor") -> None:
-        """``scale_rule``: an MX format's shared exponent (:data:`microscaling.SCALE_RULES`); NVFP4 has its own."""
+        """``scale_rule``: an MX format's shared exponent (:data:`qtrain.quant.choices.MX_SCALE_RULES`); NVFP4 has its own."""
         super().__init__()
         if fmt not in BLOCK_FORMATS:
             raise ValueError(f"block format {fmt!r} is not one of {BLOCK_FORMATS}")
@@ -117,7 +114,7 @@ class BlockScaled(ScaledQuantizer):
             raise ValueError(f"2-D blocks are NVFP4's weight recipe, not {fmt}'s")
         self.fmt, self.rounding, self.two_d, self.scale_rule = fmt, rounding, two_d, scale_rule
         self.per_gemm = not two_d  # a 16 x 16 block is the same block in the weight and its transpose: quantized once
-        self.element = ELEMENTS["e2m1" if fmt == "nvfp4" else MX_FORMATS[fmt]]
+        self.element = ELEMENTS["e2m1" if fmt == "nvfp4" else MX_ELEMENTS_OF[fmt]]
 
     def scale_bits_per_element(self) -> float:
         if self.fmt != "nvfp4":
@@ -132,4 +129,4 @@ class BlockScaled(ScaledQuantizer):
             return microscaling.nvfp4_quantize(moved, -1, rounding=self.rounding, two_d=True).movedim((-2, -1), (0, 1))
         if self.fmt == "nvfp4":
             return microscaling.nvfp4_quantize(x, dim, rounding=self.rounding)
-        return microscaling.mx_quantize(x, MX_FORMATS[self.fmt], dim, rounding=self.rounding, scale_rule=self.scale_rule)
+        return microscaling.mx_quantize(x, MX_ELEMENTS_OF[self.fmt], dim, rounding=self.rounding, scale_rule=self.scale_rule)
