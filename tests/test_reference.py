@@ -125,3 +125,22 @@ def test_gated_logs_loss_holds_the_cost_term_and_a_fully_skipped_block_keeps_its
     shares = _section(text, "Against the reference ref: each gated block's most chosen option").set_index("block")
     assert shares["ours: most chosen"].tolist() == ["skipped", "FW6/BW8", "FW6/BW8"]
     assert shares["same"].tolist() == ["True", "True", "True"]
+
+
+def test_a_downsampling_blocks_float32_shortcut_is_not_its_option(tmp_path):
+    # the first block of a stage: 90 % of the samples skip it through its shortcut in float32, which the record lists
+    # first by name (shortcut.0 before conv1) at 32 bits; the gate's choice is the convolutions': skipped at 0.9
+    rows = [{"epoch": 1, "step": 1, "layer": f"layer2.0.block.{name}", "format": "range-linear", "share": share,
+             "weight_bits": 4, "act_bits": fw, "grad_bits": bw, "grad_weight_bits": bw, "density": 1.0}
+            for name, fw, bw, share in (("conv1", 6, 8, 0.1), ("conv2", 6, 8, 0.1), ("shortcut.0", 32, 32, 0.9),
+                                        ("shortcut.0", 6, 8, 0.1))]
+    fake_run(tmp_path / "runs", "a", "dfq", [0.4], [1e9], model="resnet38", precision=rows,
+             metrics_extra={"train_loss": [1.0]})
+    pd.DataFrame({"epoch": [1], "train_loss": [1.0]}).to_csv(tmp_path / "ref.csv", index=False)
+    pd.DataFrame({"epoch": [1], "block": [0], "opt0_skip": [0.8], "opt2_fw6_bw8": [0.2]}).to_csv(
+        tmp_path / "ref_gates.csv", index=False)
+    text = report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv"), "--shares-at", "1"])
+    shares = _section(text, "Against the reference ref: each gated block's most chosen option").set_index("block")
+    assert shares["ours: most chosen"].tolist() == ["skipped"] and shares["same"].tolist() == ["True"]
+    assert float(shares["share"].iloc[0]) == pytest.approx(0.9)
+    assert float(shares["share diff (reference's option)"].iloc[0]) == pytest.approx(0.1)

@@ -402,7 +402,9 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     exe = Path(sys.executable).with_name("qtrain")
     tiny = [a for a in TINY if not a.startswith("train.epochs=")]
     command = [str(exe), *tiny, "train.epochs=8", "hydra.run.dir=run"]
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default even where the suite runs in the background (a shell starts those ignoring it)
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (tmp_path / "run" / "metrics.csv").exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -139,7 +139,7 @@ def _layer_lines(axes, frame: pd.DataFrame, y: str, layers: list[str]) -> Scalar
     for i, layer in enumerate(layers):
         part = frame[frame.layer == layer].sort_values("epoch")
         axes.plot(part.epoch, part[y], "-", marker=".", markersize=3, color=scale.to_rgba(i), linewidth=1.2)
-    axes.xaxis.get_major_locator().set_params(integer=True)  # epochs: no tick at 1.2
+    axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)  # epochs: no tick at 1.2
     axes.grid(alpha=0.3)
     return scale
 
@@ -279,7 +279,7 @@ def learning_curve_plot(group: Group, out: Path) -> Path | None:
         axes = fig.add_subplot(1, len(panels), i + 1)
         if _config_lines(group.runs, axes, "epoch", y, scale):
             axes.set(xlabel="epoch", ylabel=name, **({"yscale": "log"} if y == "test_ppl" else {}))
-            axes.xaxis.get_major_locator().set_params(integer=True)
+            axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
             axes.grid(alpha=0.3)
             drawn.append(axes)
     if not drawn:

@@ -17,6 +17,7 @@ one column of shares per option, ``optK_skip`` or ``optK_fwA_bwB``. A run's gate
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +150,9 @@ def _network_order(name: str) -> list[int]:
 def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
     """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0 over
     every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``): each block's first
-    quantized layer, as the block's gate decides for all of its layers. A block with no row that epoch skipped
-    every sample."""
+    quantized layer in the record's (the model's) order, as the block's gate decides for all of its layers (not a
+    downsampling block's shortcut, which also runs, in float32, for the samples that skip it). A block with no row
+    that epoch skipped every sample."""
     precision = run.precision
     if precision.empty or not {"layer", "share", "act_bits", "grad_bits"} <= set(precision) \
             or epoch not in set(precision.epoch):
@@ -163,7 +165,7 @@ def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
     rows = rows.assign(option=[option_name(a, g) for a, g in zip(rows.act_bits, rows.grad_bits)])
     found = []
     for block in blocks:
-        first = min((name for name in layers if name.startswith(f"{block}.block.")), key=_network_order)
+        first = next(name for name in layers if name.startswith(f"{block}.block."))
         shares = rows[rows.layer == first].groupby("option")["share"].sum()
         found.append({**shares.to_dict(), "skipped": max(0.0, 1.0 - float(shares.sum()))})
     return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block")
@@ -192,6 +194,15 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
     return pd.DataFrame(rows)
 
 
+def _with_objective(run: Run) -> Run:
+    """A copy of ``run`` whose ``train_loss`` holds its loss plus its cost term (where it records one)."""
+    if "cost_term" not in run.metrics:
+        return run
+    objective = copy.copy(run)
+    objective.__dict__["metrics"] = run.metrics.assign(train_loss=run.metrics.train_loss + run.metrics.cost_term.fillna(0.0))
+    return objective
+
+
 def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | None:
     """The runs' curves (mean and band over seeds) with the reference's over them, one panel a figure."""
     panels = [(column, name, scale) for column, name, scale, _ in COLUMNS
@@ -204,11 +215,15 @@ def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | N
     for i, (column, name, scale) in enumerate(panels):
         axes = fig.add_subplot(1, len(panels), i + 1)
         theirs = reference.curve[column].dropna().loc[:last]  # the reference over the runs' epochs only
-        axes.plot(theirs.index, theirs, color="black", linestyle="--", linewidth=1.2,
+        axes.plot(theirs.index, theirs, color="black", linestyle="--", linewidth=1.2, marker="x", markersize=4,
                   label=f"reference: {reference.name}")
-        _config_lines([run for run in runs if column in run.metrics], axes, "epoch", column, scale)
-        axes.set(xlabel="epoch", ylabel=name)
-        axes.xaxis.get_major_locator().set_params(integer=True)
+        mine = [run for run in runs if column in run.metrics]
+        if column == "train_loss" and reference.loss_with_cost:  # as the table: loss + cost term, the log's footing
+            mine = [_with_objective(run) for run in mine]
+            name = f"{name} + cost term"
+        _config_lines(mine, axes, "epoch", column, scale)
+        axes.set(xlabel="epoch", ylabel=name, xlim=(0.5, last + 0.5))
+        axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
         axes.grid(alpha=0.3)
         drawn.append(axes)
     _legend(fig, drawn)
