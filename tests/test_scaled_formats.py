@@ -435,5 +435,16 @@ def test_delayed_scaling_resumes_exactly():
         AmaxHistory(2, "mean")
 
 
-def test_block_constants():
-    assert (microscaling.SCALE_BITS, microscaling.MX_BLOCK, microscaling.NVFP4_BLOCK) == (8, 32, 16)
+def test_blocks_are_32_elements_long_for_mx_and_16_for_nvfp4_and_their_scales_8_bits():
+    # one large element flushes the ones of its own block only: MX's 2^20 at scale 2^18, NVFP4's 64 at block
+    # scale 448 (under the tensor scale 64 / 2688), where the next block's ones keep scale 7 and stay 1
+    x = torch.ones(64)
+    x[0] = 2.0**20
+    out = mx_quantize(x, "e2m1", 0)
+    assert (out[1:32] == 0).all() and (out[32:] == 1).all()
+    x = torch.ones(32)
+    x[0] = 64.0
+    out = nvfp4_quantize(x, 0)
+    assert (out[1:16] == 0).all() and (out[16:] == 1).all()
+    # the cost meter's scale bits: E8M0 (MX) and E4M3 (NVFP4) are both 8-bit codes
+    assert microscaling.SCALE_BITS == ELEMENTS["e4m3"].bits == 8
