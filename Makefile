@@ -32,12 +32,13 @@ default-job-figures: $(VENV)/.installed
 	  $(VENV)/bin/qtrain -m method=sbm,float32 progress=false hydra.sweep.dir=$${TMPDIR:-/tmp}/qtrain-default-job \
 	    | sed -n '/^ *method /,$$p'; } > results/default_job.txt
 
-# the tests spread over one worker per core (pytest-xdist), one torch thread each
+# the tests spread over one worker per core (pytest-xdist), one torch thread each, at most 4 workers (each keeps
+# the memory of the largest run it made, up to about 2 GB)
 test: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 -m "not slow"
 
 test-full: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check qtrain tests scripts

@@ -3,6 +3,8 @@ hand from the numbers written here; and the learning-curve figure."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -144,3 +146,23 @@ def test_a_downsampling_blocks_float32_shortcut_is_not_its_option(tmp_path):
     assert shares["ours: most chosen"].tolist() == ["skipped"] and shares["same"].tolist() == ["True"]
     assert float(shares["share"].iloc[0]) == pytest.approx(0.9)
     assert float(shares["share diff (reference's option)"].iloc[0]) == pytest.approx(0.1)
+
+
+def test_a_downsampling_block_skipped_by_every_sample_in_its_first_epoch_is_read_from_its_convolutions(tmp_path):
+    # epoch 1: every sample skips (only the float32 shortcut has a row); epoch 2: the convolutions at FW6/BW8
+    rows = [{"epoch": epoch, "step": epoch, "layer": f"layer2.0.block.{name}", "format": "range-linear",
+             "share": share, "weight_bits": 4, "act_bits": fw, "grad_bits": bw, "grad_weight_bits": bw, "density": 1.0}
+            for epoch, name, fw, bw, share in ((1, "shortcut.0", 32, 32, 1.0), (2, "conv1", 6, 8, 0.7),
+                                                (2, "shortcut.0", 32, 32, 0.3), (2, "shortcut.0", 6, 8, 0.7))]
+    fake_run(tmp_path / "runs", "a", "dfq", [0.4, 0.5], [1e9, 2e9], model="resnet38", precision=rows,
+             metrics_extra={"train_loss": [1.0, 0.9], "test_acc": [math.nan, 0.5]})
+    pd.DataFrame({"epoch": [1, 2], "train_loss": [1.0, 0.9], "test_acc": [40.0, 48.0]}).to_csv(
+        tmp_path / "ref.csv", index=False)
+    pd.DataFrame({"epoch": [1, 2], "block": [0, 0], "opt0_skip": [1.0, 0.4], "opt2_fw6_bw8": [0.0, 0.6]}).to_csv(
+        tmp_path / "ref_gates.csv", index=False)
+    text = report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv"), "--shares-at", "1", "2"])
+    shares = _section(text, "Against the reference ref: each gated block's most chosen option")
+    assert shares["ours: most chosen"].tolist() == ["skipped", "FW6/BW8"]
+    # epoch 1 was not evaluated (train.eval_every): its test accuracy is no difference of the table's
+    summary = _section(text, "Against the reference ref: the differences from epoch 1").set_index("figure")
+    assert summary.loc["test_acc", "epochs"] == "2-2" and float(summary.loc["test_acc", "mean"]) == pytest.approx(2.0)

@@ -211,6 +211,31 @@ def test_a_run_made_before_eval_every_and_one_at_its_default_are_one_configurati
     assert len(summary_frame(frame.reset_index())) == 2
 
 
+def test_an_mx_run_made_before_scale_rule_and_one_at_floor_are_one_configuration(tmp_path):
+    old = fake_run(tmp_path, "old", "mx", [0.5], [1e9])
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["config"]["method"]["scale_rule"]  # as a run made before the key was
+    (old / "summary.json").write_text(json.dumps(summary))
+    floor = fake_run(tmp_path, "floor", "mx", [0.6], [1e9], seed=1)
+    ceil = fake_run(tmp_path, "ceil", "mx", [0.7], [1e9], method_keys={"scale_rule": "ceil"})
+    frame = run_frame(find_runs([tmp_path])).set_index("dir")
+    assert frame.loc[str(old), "setting"] == frame.loc[str(floor), "setting"] == ""
+    assert frame.loc[str(ceil), "setting"] == "scale_rule=ceil"
+    assert len(summary_frame(frame.reset_index())) == 2
+
+
+def test_a_run_between_evaluations_reports_its_last_evaluated_accuracy(tmp_path):
+    # train.eval_every: a run in progress whose last epoch was not evaluated, and one with no evaluation yet
+    fake_run(tmp_path, "a", "sbm", [0.4, math.nan], [1e9, 2e9], status=None)
+    fake_run(tmp_path, "b", "sbm", [math.nan], [1e9], seed=1, status=None)
+    frame = run_frame(find_runs([tmp_path])).set_index("seed")
+    assert frame.loc[0, "test_acc"] == pytest.approx(40.0) and frame.loc[0, "best_test_acc"] == pytest.approx(40.0)
+    assert frame.loc[1, "test_acc"] is None or math.isnan(frame.loc[1, "test_acc"])
+    from qtrain.report.paper import _at_best
+
+    assert [_at_best(run) for run in sorted(find_runs([tmp_path]), key=lambda run: run.seed)] == [1e9, None]
+
+
 @pytest.mark.slow
 def test_dynasty_table_beside_ours(dynasty_sweep):
     comparison, unmatched = compare(find_runs([dynasty_sweep]), "dynasty_table1")

@@ -99,6 +99,8 @@ _COMPOSING: list[Path] = []  # the config tree of the enclosing composing() cont
 def composing(conf_dir: Path) -> Iterator[None]:
     """Hydra set up once for every :func:`compose_config` inside (each call alone sets it up anew)."""
     if _COMPOSING:
+        if _COMPOSING[-1] != conf_dir:
+            raise RuntimeError(f"composing from {conf_dir} inside a composition from {_COMPOSING[-1]}")
         yield
         return
     from hydra import initialize_config_dir

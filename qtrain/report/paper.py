@@ -107,9 +107,9 @@ def _summary(run: Run, *path: str) -> float | None:
 
 def _at_best(run: Run) -> float | None:
     metrics = run.metrics
-    if metrics.empty or "test_acc" not in metrics:
+    if metrics.empty or "test_acc" not in metrics or metrics.test_acc.isna().all():
         return None
-    return float(metrics.effective_macs[metrics.test_acc.idxmax()])
+    return float(metrics.effective_macs[metrics.test_acc.idxmax()])  # idxmax skips the epochs not evaluated
 
 
 def _scaled(value: float | None, unit: float) -> float | None:

@@ -116,7 +116,7 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
     for column, _, scale, how in COLUMNS:
         if column not in reference.curve:
             continue
-        ours = _ours(runs, column)
+        ours = _ours(runs, column).dropna()  # train.eval_every: the test columns of epochs not evaluated
         if column == "train_loss" and reference.loss_with_cost:  # set ours on the same footing: loss + cost term
             ours = ours + _ours(runs, "cost_term").reindex(ours.index).fillna(0.0)
         theirs = reference.curve[column].dropna()
@@ -150,8 +150,8 @@ def _network_order(name: str) -> list[int]:
 def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
     """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0 over
     every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``): each block's first
-    quantized layer in the record's (the model's) order, as the block's gate decides for all of its layers (not a
-    downsampling block's shortcut, which also runs, in float32, for the samples that skip it). A block with no row
+    quantized layer in the record's (the model's) order, as the block's gate decides for all of its layers (never
+    a downsampling block's shortcut, which also runs, in float32, for the samples that skip the block). A block with no row
     that epoch skipped every sample."""
     precision = run.precision
     if precision.empty or not {"layer", "share", "act_bits", "grad_bits"} <= set(precision) \
@@ -165,7 +165,7 @@ def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
     rows = rows.assign(option=[option_name(a, g) for a, g in zip(rows.act_bits, rows.grad_bits)])
     found = []
     for block in blocks:
-        first = next(name for name in layers if name.startswith(f"{block}.block."))
+        first = next(name for name in layers if name.startswith(f"{block}.block.") and ".shortcut" not in name)
         shares = rows[rows.layer == first].groupby("option")["share"].sum()
         found.append({**shares.to_dict(), "skipped": max(0.0, 1.0 - float(shares.sum()))})
     return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block")

@@ -53,7 +53,7 @@ def setting(run: Run, peers: Iterable[Run] = ()) -> str:
     differs between the run's ``peers`` of the same method, model, data and scale (so a sweep's row at the default
     value is named too), as ``key=value`` (FracTrain's FW/BW lists...)."""
     defaults = _method_defaults(run.method, run.scale)
-    ours = flatten(run.config.get("method", {}))
+    ours = {key.removeprefix("method."): value for key, value in run.flat_config.items() if key.startswith("method.")}
     kind = (run.method, run.model, run.data, run.scale)
     swept = _differing([peer for peer in peers if (peer.method, peer.model, peer.data, peer.scale) == kind],
                        lambda key: key.startswith("method."))
@@ -67,8 +67,8 @@ def figure(run: Run, name: str) -> float | None:
     if name in ("test_acc", "best_test_acc"):
         value = (summary.get("final") or {}).get("test_acc") if name == "test_acc" else summary.get("best_test_acc")
         if value is None and not run.metrics.empty and "test_acc" in run.metrics:
-            series = run.metrics["test_acc"]
-            value = series.iloc[-1] if name == "test_acc" else series.max()
+            series = run.metrics["test_acc"].dropna()  # train.eval_every: epochs between evaluations have none
+            value = None if series.empty else series.iloc[-1] if name == "test_acc" else series.max()
         return None if value is None else 100.0 * float(value)
     if name == "test_ppl":
         return run.last("test_ppl")
