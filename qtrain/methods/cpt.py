@@ -61,8 +61,9 @@ class CPT(SBM):
         return model
 
     def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
-        check_method(self.cfg).check_steps_per_epoch(steps_per_epoch(facts), exact=True)
-        self.total_steps = self.cfg.epochs * steps_per_epoch(facts)
+        per_epoch = steps_per_epoch(facts)
+        check_method(self.cfg).check_steps_per_epoch(per_epoch, exact=True)
+        self.total_steps = self.cfg.epochs * per_epoch
         self.period = cycle_period(self.total_steps, self.cfg.cycles)
 
     def bits_at(self, step: int) -> int:

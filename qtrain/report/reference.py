@@ -116,9 +116,11 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
     for column, _, scale, how in COLUMNS:
         if column not in reference.curve:
             continue
-        ours = _ours(runs, column).dropna()  # train.eval_every: the test columns of epochs not evaluated
         if column == "train_loss" and reference.loss_with_cost:  # set ours on the same footing: loss + cost term
-            ours = ours + _ours(runs, "cost_term").reindex(ours.index).fillna(0.0)
+            ours = _ours([_with_objective(run) for run in runs], column)
+        else:
+            ours = _ours(runs, column)
+        ours = ours.dropna()  # train.eval_every: the test columns of epochs not evaluated
         theirs = reference.curve[column].dropna()
         common = ours.index.intersection(theirs.index)
         if common.empty:
