@@ -54,7 +54,8 @@ class LayerPrecision:
     """The precision options in use by one layer, each with the share of the work it does.
 
     ``datapath``, where set, is what the MAC units multiply when that differs from the bits charged per element:
-    a scaled format's significand widths, without the amortized scale bits (the same for every option).
+    a scaled format's integer elements without the amortized scale bits, NaN for float elements (which the hardware
+    models do not price); the same for every option.
     """
 
     options: tuple[tuple[float, Bits], ...]

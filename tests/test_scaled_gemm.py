@@ -2,22 +2,25 @@
 along its own reduction dimension, checked against the three GEMMs written out with the format functions; a
 per-tensor operand is quantized once a step; what the cost meter and the hardware models charge."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from qtrain.config.methods import check_method
-from qtrain.cost import bitfusion
+from qtrain.cost import bit_serial, bitfusion
 from qtrain.cost.hardware import price_layer
 from qtrain.cost.profile import OperandSizes
 from qtrain.errors import ConfigError
+from qtrain.methods import build_method
 from qtrain.precision import Bits, LayerPrecision
 from qtrain.quant.fp8_scaling import current_scaled_fp8
 from qtrain.quant.layers import MatMul, swap_layers
 from qtrain.quant.microscaling import mx_quantize, nvfp4_quantize
 from qtrain.quant.scaled_gemm import ScaledOperands
-from qtrain.quant.scaled_quantizers import BlockScaled, TensorScaledFP8
+from qtrain.quant.scaled_quantizers import Bfloat16, BlockScaled, TensorScaledFP8
 
 from .conftest import make_config, prepared
 
@@ -148,20 +151,39 @@ def test_nvfp4_and_fp8_amortize_their_tensor_scale_over_the_tensor():
     assert tiles.bits == nvfp4.bits  # a 16 x 16 tile stores its scale once per 16 elements all the same
 
 
-def test_bitfusion_multiplies_significands_and_moves_stored_bits():
-    # E2M1 x E2M1: 3-bit significands, 2 x 2 MACs per fusion unit and cycle; the stored 4.25 bits cross DRAM
-    layer = LayerPrecision(((1.0, Bits(4.25, 4.25, 4.25, 4.25)),), "mxfp4_e2m1", datapath=Bits(3, 3, 3, 3))
-    macs, sizes = 10_000_000, OperandSizes(weight=1000, inputs=100, outputs=100)
-    seconds, _ = price_layer(bitfusion.BitFusion(), layer, macs, sizes, samples=1)
-    compute = 3 * macs / (64 * 2 * 2) / bitfusion.FREQUENCY_HZ  # three GEMMs, compute-bound at these sizes
-    assert seconds == pytest.approx(compute)
+def test_bitfusion_multiplies_mxint8_elements_and_moves_stored_bits():
+    # MXINT8: 8-bit integers multiplied (one MAC per fusion unit and cycle), 8.25 stored bits cross DRAM
+    layer = LayerPrecision(((1.0, Bits(8.25, 8.25, 8.25, 8.25)),), "mxint8", datapath=Bits(8, 8, 8, 8))
+    macs = 10_000_000
+    compute_bound = OperandSizes(weight=1000, inputs=100, outputs=100)
+    seconds, _ = price_layer(bitfusion.BitFusion(), layer, macs, compute_bound, samples=1)
+    assert seconds == pytest.approx(3 * macs / 64 / bitfusion.FREQUENCY_HZ)  # three GEMMs at 64 MACs a cycle
+    memory_bound = OperandSizes(weight=1_000_000, inputs=1_000_000, outputs=1_000_000)
+    seconds, _ = price_layer(bitfusion.BitFusion(), layer, 1000, memory_bound, samples=1)
+    dram_bits = 3 * (2 * 1_000_000 * 8.25 + 1_000_000 * bitfusion.OUTPUT_BITS)  # each GEMM: two operands in, one out
+    assert seconds == pytest.approx(dram_bits / bitfusion.DRAM_BITS_PER_CYCLE / bitfusion.FREQUENCY_HZ)
+
+
+@pytest.mark.parametrize("model", [bitfusion.BitFusion(), bit_serial.BitSerial()], ids=lambda m: m.name)
+def test_the_hardware_models_leave_float_elements_unpriced(model):
+    sizes = OperandSizes(weight=1000, inputs=100, outputs=100)
+    for fmt, element in (("mxfp4_e2m1", "e2m1"), ("fp8_e4m3", "e4m3")):
+        quantizer = BlockScaled(fmt) if fmt.startswith("mx") else TensorScaledFP8(element, "current")
+        assert math.isnan(quantizer.datapath_bits())
+        datapath = ScaledOperands(quantizer, quantizer, quantizer).datapath()
+        layer = LayerPrecision(((1.0, Bits(8, 8, 8, 8)),), fmt, datapath=datapath)
+        assert all(math.isnan(figure) for figure in price_layer(model, layer, 10_000, sizes, samples=2))
+    integer = LayerPrecision(((1.0, Bits(8.25, 8.25, 8.25, 8.25)),), "mxint8", datapath=Bits(8, 8, 8, 8))
+    assert all(figure > 0 for figure in price_layer(model, integer, 10_000, sizes, samples=2))
 
 
 def test_an_mx_run_record_charges_every_gemm_at_its_bits():
     method, model = prepared("mx", "method.weight=mxfp8_e4m3", "method.act=mxfp8_e4m3", "method.grad=mxfp8_e5m2")
     record = method.precision()
     assert record and all(layer.gemm_fractions == pytest.approx((8.25**2 / 1024,) * 3) for layer in record.values())
-    assert {layer.datapath for layer in record.values()} == {Bits(5, 5, 4, 4)}  # E4M3 5-bit, E5M2 4-bit significands
+    assert all(math.isnan(b) for layer in record.values() for gemm in layer.datapath.gemm_operands() for b in gemm)
+    integers, _ = prepared("mx", "method.weight=mxint8", "method.act=mxint8", "method.grad=mxint8")
+    assert {layer.datapath for layer in integers.precision().values()} == {Bits(8, 8, 8, 8)}
 
 
 def test_fp8_quantizes_every_layer_unless_told_to_keep_the_ends_in_float32():
@@ -176,10 +198,40 @@ def test_fp8_quantizes_every_layer_unless_told_to_keep_the_ends_in_float32():
     assert ends == layers[1:-1]
 
 
+@pytest.mark.parametrize("method", ["fp8", "mx"])
+def test_the_ends_and_matmuls_stay_in_bfloat16_or_float32_as_told(method):
+    from qtrain.models import build_model
+
+    built = build_method(make_config(f"method={method}", "method.first_layer=bf16", "method.last_layer=float32",
+                                     "method.matmuls=bf16").method)
+    model = built.prepare(build_model("transformer", {"preset": "tiny"}, vocab_size=50))
+    quant = {n: getattr(m, "quant", None) for n, m in model.named_modules() if isinstance(m, (nn.Linear, MatMul))}
+    matmuls = [n for n, m in model.named_modules() if isinstance(m, MatMul)]
+    linears = [n for n in quant if n not in matmuls]
+    assert matmuls and all(quant[n].fmt() == "bf16" for n in matmuls)
+    assert quant[linears[0]].fmt() == "bf16" and quant[linears[-1]] is None  # float32: not swapped
+    assert all(isinstance(quant[n].act, TensorScaledFP8 if method == "fp8" else BlockScaled) for n in linears[1:-1])
+    record = built.precision()
+    assert record[linears[0]].gemm_fractions == (16 * 16 / 1024,) * 3 and linears[-1] not in record
+
+
+def test_bfloat16_operands_round_half_to_even_saturate_to_inf_and_keep_specials():
+    x = torch.tensor([1 + 2.0**-8,  # halfway between 1 and 1 + 2^-7: to the even 1
+                      1 + 3 * 2.0**-8,  # halfway between 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6
+                      -(1 + 2.0**-8), torch.finfo(torch.float32).max,  # past bfloat16's largest and the halfway: inf
+                      2.0**-133, 2.0**-134,  # bfloat16's smallest subnormal; half of it, a tie: to 0
+                      float("inf"), float("nan")])
+    expected = torch.tensor([1.0, 1 + 2.0**-6, -1.0, float("inf"), 2.0**-133, 0.0, float("inf"), float("nan")])
+    torch.testing.assert_close(Bfloat16()(x, -1), expected, rtol=0, atol=0, equal_nan=True)
+    assert Bfloat16().bits == 16 and math.isnan(Bfloat16().datapath_bits())
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["method.weight=mxfp5"], r"^method.weight='mxfp5' is not allowed \(choose from: mxfp8_e4m3, "),
     (["method.weight_blocks=2d"], r"^method.weight_blocks='2d' is not allowed: 2-D weight blocks are NVFP4's"),
     (["method.hadamard_wgrad=true"], r"^method.hadamard_wgrad=True is not allowed: the weight-gradient GEMM's "),
+    (["method.matmuls=fp16"], r"^method.matmuls='fp16' is not allowed \(choose from: quantized, bf16, float32\)"),
+    (["method.first_layer=half"], r"^method.first_layer='half' is not allowed \(choose from: quantized, bf16, float32\)"),
 ])
 def test_bad_mx_values_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -50,6 +50,7 @@ RUN_KEYS: dict[str, RunKey] = {
     "device": RunKey(configuration=False),
     "train.eval_every": RunKey(omitted_at=1),
     "method.scale_rule": RunKey(omitted_at="floor"),  # MX's
+    "method.matmuls": RunKey(omitted_at="quantized"),  # FP8's and MX's
 }
 NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
 PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)

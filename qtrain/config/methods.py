@@ -483,6 +483,19 @@ class CPT(RangeLinear, FloatEnds):
 
 
 # ---- scaled formats: FP8, OCP MX, NVFP4 ----
+
+LayerFormat = _choices("LayerFormat", choices.SCALED_LAYER_FORMATS)
+
+
+@dataclass(frozen=True)
+class ScaledLayers(MethodConfig):
+    """Which layers a scaled-format method keeps out of its format: the first and last Conv2d/Linear, the MatMuls."""
+
+    first_layer: LayerFormat
+    last_layer: LayerFormat
+    matmuls: LayerFormat
+
+
 class Fp8Element(Enum):
     E4M3 = "e4m3"  # max 448, no infinities
     E5M2 = "e5m2"  # max 57344, IEEE-like
@@ -499,7 +512,7 @@ class AmaxReduction(Enum):
 
 
 @dataclass(frozen=True)
-class FP8(FloatEnds):
+class FP8(ScaledLayers):
     weight: Fp8Element
     act: Fp8Element
     grad: Fp8Element
@@ -519,7 +532,7 @@ class WeightBlocks(Enum):
 
 
 @dataclass(frozen=True)
-class MX(FloatEnds):
+class MX(ScaledLayers):
     weight: BlockFormat
     act: BlockFormat
     grad: BlockFormat

@@ -13,6 +13,7 @@ accuracy (DYNASTY Fig. 7: the time to 74 %).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Protocol
 
 from qtrain.cost.bit_serial import BitSerial
@@ -40,8 +41,11 @@ def price_layer(model: HardwareModel, layer: LayerPrecision, macs: int, sizes: O
     """(seconds, joules) of one step of ``samples`` samples through a layer's three GEMMs at ``layer``'s precision.
 
     Each GEMM's options go to the model as ``(share, a, b, a_mac, b_mac)``: the operands' bits as stored and
-    moved, and the widths the MAC units multiply (the same, but for scaled formats: ``layer.datapath``).
+    moved, and the widths the MAC units multiply (the same, but for scaled formats: ``layer.datapath``). A layer whose
+    MAC units would multiply float elements (a NaN width: the models are integer accelerators) is not priced: NaN.
     """
+    if layer.datapath is not None and any(math.isnan(b) for g in layer.datapath.gemm_operands() for b in g):
+        return math.nan, math.nan
     total = macs * samples
     x, y, w = samples * sizes.inputs, samples * sizes.outputs, sizes.weight * (samples if sizes.weight_per_sample else 1)
     elements = ((x, w, y), (y, w, x), (x, y, w))  # forward, error, weight gradient: (input side, weight side, output)

@@ -5,10 +5,13 @@ a block-scaled quantizer (``per_gemm``) forms its blocks along that dimension, s
 GEMMs is quantized for each along its own reduction dimension; a per-tensor one ignores it and is applied once
 per step. ``bits`` is what the cost meter charges per element: the element's bits plus the scale's bits
 amortized over the elements that share it (8 per 32 for MX, 8 per 16 plus 32 per tensor for NVFP4, 32 per
-tensor for FP8), read from the last tensor quantized. The formats themselves: docs/formats.md.
+tensor for FP8), read from the last tensor quantized. :class:`Bfloat16` is the unscaled 16-bit format of the
+layers a recipe keeps out of its scaled one. The formats themselves: docs/formats.md.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -39,10 +42,10 @@ class ScaledQuantizer(nn.Module):
     def bits(self) -> float:
         return self.element.bits + self.scale_bits_per_element()
 
-    def datapath_bits(self) -> int:
-        """The operand width a MAC unit multiplies: a float element's significand with its sign (``man + 2``: the
-        implicit one, the stored mantissa, the sign), an integer element's own bits."""
-        return self.element.bits if self.element.name == "int8" else self.element.man + 2
+    def datapath_bits(self) -> float:
+        """The operand width an integer MAC unit multiplies: an integer element's own bits; NaN for a float element,
+        which the hardware models (integer accelerators) do not price (docs/cost.md)."""
+        return self.element.bits if self.element.name == "int8" else math.nan
 
     def forward(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """``x`` quantized for a GEMM, as training counts it (the tensor's size, a delayed scale's amax)."""
@@ -130,3 +133,19 @@ class BlockScaled(ScaledQuantizer):
         if self.fmt == "nvfp4":
             return microscaling.nvfp4_quantize(x, dim, rounding=self.rounding)
         return microscaling.mx_quantize(x, MX_ELEMENTS_OF[self.fmt], dim, rounding=self.rounding, scale_rule=self.scale_rule)
+
+
+class Bfloat16(ScaledQuantizer):
+    """bfloat16 operands, unscaled (round half to even, as torch's cast): a layer that a recipe keeps in 16-bit."""
+
+    fmt = "bf16"
+
+    @property
+    def bits(self) -> float:
+        return 16.0
+
+    def datapath_bits(self) -> float:
+        return math.nan
+
+    def quantize(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        return x.to(torch.bfloat16).to(x.dtype)
