@@ -165,7 +165,8 @@ def _remove_new_dirs() -> None:
 
 
 def _task(cfg: DictConfig) -> dict[str, Any]:
-    from qtrain.run import record_failure, run
+    from qtrain.run import run
+    from qtrain.run_state import record_failure
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
@@ -192,7 +193,7 @@ def _task(cfg: DictConfig) -> dict[str, Any]:
     twin = None
     if distributed.is_writer() and not (Path(run_dir) / "summary.json").is_file():  # reported from a finished twin
         from qtrain.config import identity
-        from qtrain.run import finished_twin
+        from qtrain.run_state import finished_twin
 
         twin = finished_twin(run_dir, identity(cfg))
         with contextlib.suppress(OSError):  # the directory made for it, empty

@@ -1,59 +1,47 @@
-"""One run: config -> data, model, method, trainer -> results; resume from the run directory.
+"""One run: config -> data, model, method, trainer -> results.
 
-:func:`run` first does every check that needs no data (:func:`preflight`), then locks the run directory and
-reads what it holds: nothing (a new run, or a finished twin under another name reported), another identity
-(a one-line error), a finished or diverged run (reported again), a failed sweep job (redone, from its checkpoint
-if it has one) or a checkpoint alone (resumed). It writes the results and a checkpoint after every epoch, and the
-summary at the end. Under ``torchrun`` rank 0 decides and writes, and the other ranks follow its decision.
-docs/running.md describes the run directory, the identity and resuming; docs/design.md the run lifecycle.
+:func:`run` first does every check that needs no data (:func:`preflight`), then locks the run directory and asks
+:mod:`qtrain.run_state` what it holds: a run to report again, one to resume from its checkpoint, or none. It
+writes the results and a checkpoint after every epoch, and the summary (:mod:`qtrain.summary`) at the end. Under
+``torchrun`` rank 0 decides and writes, and the other ranks follow its decision. docs/running.md describes the run
+directory, the identity and resuming; docs/design.md the run lifecycle.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import platform
 import random
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
 from qtrain.checkpoint import Checkpoint, rng_state
-from qtrain.config import digest, first_difference, identity, validate
-from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers, to_target
-from qtrain.data import DATASETS, data_task, load_data
+from qtrain.config import identity, validate
+from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers
+from qtrain.data import DATASETS, load_data
 from qtrain.data.base import Periods, Stream
-from qtrain.errors import ConfigError, DivergedError, QtrainError, RunDirError
+from qtrain.errors import ConfigError, DivergedError, RunDirError
 from qtrain.launch import keep_freed_memory
 from qtrain.methods import Method, RunFacts, build_method
 from qtrain.models import build_model, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
-from qtrain.results import COST, METRICS, PRECISION, SUMMARY, RunFiles, check_writable, loss_explosion
+from qtrain.results import COST, METRICS, PRECISION, RunFiles, check_writable
+from qtrain.run_state import decide
+from qtrain.summary import data_sizes, summarize
 from qtrain.task import Task
 from qtrain.train import Diverged, Progress, Trainer
 
 log = logging.getLogger(__name__)
-
-
-def _versions() -> dict[str, str]:
-    names = ("qtrain", "torch", "torchvision", "hydra-core", "omegaconf", "numpy", "pandas")
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return {"python": platform.python_version(), **found}
 
 
 def _device(name: str) -> torch.device:
@@ -120,129 +108,6 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
     return Preflight(device, method, initial)
 
 
-def _earlier_identity(files: RunFiles, summary: dict[str, Any] | None) -> tuple[dict | None, dict | None]:
-    """The identity of the run the directory holds (from its summary, else its checkpoint), and the checkpoint."""
-    checkpoint = None if summary is not None and summary["status"] != "failed" else files.load_checkpoint()
-    if checkpoint is not None:
-        return checkpoint["identity"], checkpoint
-    if summary is not None:
-        if isinstance(summary.get("identity"), dict):
-            return summary["identity"], None
-        if isinstance(summary.get("config"), dict):
-            return identity(summary["config"]), None
-        raise RunDirError(f"{files.dir / SUMMARY} is not a qtrain summary (it names no config)")
-    return None, None
-
-
-def finished_twin(run_dir: str | Path, ident: dict[str, Any]) -> Path | None:
-    """A directory beside ``run_dir``, under another name, that holds a completed run of identity ``ident``."""
-    run_dir = Path(run_dir)
-    suffix = f"id={digest(ident)}"
-    for other in sorted(run_dir.parent.glob(f"*{suffix}")):
-        if other == run_dir or not other.name.endswith(suffix) or not other.is_dir():
-            continue
-        try:
-            summary = RunFiles(other).read_summary()
-        except RunDirError:
-            continue
-        if summary is not None and summary["status"] == "completed" and summary.get("identity") == ident:
-            return other
-    return None
-
-
-def _foreign(files: RunFiles, earlier: dict | None, ident: dict[str, Any]) -> str:
-    difference = "" if earlier is None else first_difference(earlier, ident)
-    return difference and (f"{files.dir} holds another run ({difference}): pass force=true to replace it, "
-                           "or choose another directory with hydra.run.dir=DIR")
-
-
-def data_sizes(data: Any) -> dict[str, Any]:
-    """What a run trained and was tested on: each split's samples (tokens of a corpus) and the model's input sizes
-    (a corpus's vocabulary size)."""
-    unit = "tokens" if data.task.name == "language_model" else "samples"
-    inputs = {key: list(value) if isinstance(value, tuple) else value for key, value in data.model_inputs().items()}
-    return {f"train_{unit}": len(data.train), f"test_{unit}": len(data.test), **inputs}
-
-
-def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Method, status: str, device: torch.device,
-              diverged: Diverged | None = None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
-    task = data_task(cfg.data)
-    last = progress.history[-1] if progress.history else {}
-    report = method.report(progress.epoch)
-    f32 = meter.float32_total()
-    ident = identity(cfg)
-
-    def evaluated(figure: str) -> list[float]:
-        """The figure of each epoch evaluated (``train.eval_every``: the others' test accuracy is NaN)."""
-        return [row[figure] for row in progress.history if not math.isnan(row["test_acc"])]
-
-    return {
-        "status": status,
-        "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
-        "epochs_completed": progress.epoch, "steps": progress.step,
-        "stopped_early": None if method.stopped() is None else {"by": cfg.method.name, "rule": method.stopped(),
-                                                                "epoch": progress.epoch},
-        "task": task.name, "data_sizes": sizes,
-        "final": {f"{split}_{figure}": last.get(f"{split}_{figure}") for split in ("train", "test") for figure in task.figures},
-        "best_test_acc": max(evaluated("test_acc"), default=None),
-        **({f"best_{task.score}": task.best(evaluated(task.score))} if task.score != "test_acc" else {}),
-        "cost": {
-            "effective_macs": meter.total(),
-            "bit_macs": meter.total() * 1024,
-            "float32_effective_macs": f32,
-            "percent_of_float32": meter.percent_of_float32(),
-            "savings_percent": 100.0 - meter.percent_of_float32() if f32 else 0.0,
-        },
-        "float32_layers": meter.float32_layers() if progress.step else None,
-        "hardware": _hardware(cfg, progress, meter),
-        **({method.name: report} if report else {}),
-        "diverged": None if diverged is None else {"epoch": diverged.epoch + 1, "step": diverged.step,
-                                                   "loss": str(diverged.loss)},  # nan or inf: JSON has neither
-        "loss_exploded": loss_explosion([row.get("train_loss") for row in progress.history]),
-        "wall_seconds": progress.elapsed,
-        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-        "threads": torch.get_num_threads(),
-        "world_size": distributed.world_size(),
-        "versions": _versions(),
-        "run_id": digest(ident),
-        "identity": ident,
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
-
-
-def _hardware(cfg: DictConfig, progress: Progress, meter: CostMeter) -> dict[str, Any] | None:
-    """Each hardware model's totals and, where ``hardware.target_acc`` is set and reached, the figures at that epoch."""
-    if meter.hardware is None:
-        return None
-    totals = meter.hardware.totals()
-    target = cfg.hardware.target_acc
-    reached = None if target is None else to_target(progress.history, target, list(totals))
-    return {"models": totals, "target_acc": target, "to_target": reached}
-
-
-def record_failure(cfg: DictConfig, run_dir: str | Path, error: str) -> None:
-    """Record a failed sweep job in its directory: a ``failed`` summary with the one-line error and the config.
-
-    Nothing is written where the directory holds another run, a finished one, or is in use or unwritable.
-    """
-    files = RunFiles(run_dir)
-    ident = identity(cfg)
-    try:
-        with files.lock():
-            summary = files.read_summary()
-            if summary is not None and summary["status"] != "failed":
-                return
-            earlier, _ = _earlier_identity(files, summary)
-            if _foreign(files, earlier, ident):
-                return
-            files.write_summary({"status": "failed", "error": error, "method": cfg.method.name, "model": cfg.model.name,
-                                 "data": cfg.data.name, "seed": cfg.seed, "versions": _versions(),
-                                 "run_id": digest(ident), "identity": ident,
-                                 "config": OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)})
-    except QtrainError:
-        return
-
-
 def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train (or resume, or just report) the run that ``cfg`` describes in ``run_dir``; return its summary.
 
@@ -257,7 +122,7 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     lock = files.lock()
     try:
         lock.acquire()
-        finished, checkpoint = _decide(cfg, files, plan)
+        finished, checkpoint = decide(cfg, files, plan.device)
     except (RunDirError, DivergedError) as err:  # the other ranks raise it too
         lock.release()
         distributed.broadcast(("error", type(err).__name__, str(err)))
@@ -270,38 +135,6 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
         return _train(cfg, files, plan, checkpoint, overrides or [])
     finally:
         lock.release()
-
-
-def _decide(cfg: DictConfig, files: RunFiles, plan: Preflight) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """What the locked directory holds for this run: (a finished run's summary, or None; the checkpoint to resume, or None)."""
-    files.remove_stale_temps()
-    if cfg.force:
-        files.clear()
-    try:
-        summary = files.read_summary()
-        earlier, checkpoint = _earlier_identity(files, summary)
-    except RunDirError as err:
-        raise RunDirError(f"{err}: pass force=true to replace it, or choose another directory with hydra.run.dir=DIR") \
-            from None
-    mismatch = _foreign(files, earlier, identity(cfg))
-    if mismatch:
-        raise RunDirError(mismatch)
-    if summary is not None and summary["status"] == "completed":
-        log.info("%s already holds a finished run (force=true reruns it)", files.dir)
-        return summary, None
-    twin = None if summary is not None or checkpoint is not None or cfg.force else finished_twin(files.dir, identity(cfg))
-    if twin is not None:
-        log.info("%s already holds this run, finished (the same identity under another name): it is not trained again",
-                 twin)
-        return RunFiles(twin).read_summary(), None
-    if summary is not None and summary["status"] == "diverged":
-        where = summary.get("diverged") if isinstance(summary.get("diverged"), dict) else {}
-        raise DivergedError(f"{files.dir} holds a run that diverged (the loss became {where.get('loss', '?')} at epoch "
-                            f"{where.get('epoch', '?')}, step {where.get('step', '?')}): force=true starts it over")
-    if checkpoint is not None and checkpoint["device_type"] != plan.device.type:
-        raise RunDirError(f"{files.dir} holds a run trained on {checkpoint['device_type']}, and device={cfg.device} "
-                          f"is {plan.device.type} here: resume it on {checkpoint['device_type']}, or pass force=true")
-    return None, checkpoint
 
 
 def _follow(cfg: DictConfig, files: RunFiles, plan: Preflight) -> dict[str, Any]:

@@ -23,8 +23,8 @@ def run_dir_name(override_dirname: str, *, _root_: DictConfig) -> str:
     Registered as the resolver ``qtrain.run_dir_name`` and used by ``hydra.run.dir`` and
     ``hydra.sweep.subdir``: two configs with different identities never share a directory. The overrides
     are kept whole, as many as fit in :data:`NAME_LENGTH` characters. One identity may get two names
-    (``seed=0`` given or left to its default): ``run.py`` reuses a finished run of the same identity
-    from a directory beside this one (:func:`qtrain.run.finished_twin`).
+    (``seed=0`` given or left to its default): a run reuses a finished run of the same identity
+    from a directory beside this one (:func:`qtrain.run_state.finished_twin`).
     """
     task = OmegaConf.masked_copy(_root_, [k for k in _root_.keys() if k != "hydra"])
     name = ""
