@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qtrain.quant.formats import Rounding, _floating_point, _stochastic, float_grid
-from qtrain.quant.rounding import key_for
+from qtrain.quant.formats.floating_point import float_grid, fused_float_grid
+from qtrain.quant.rounding import Rounding, is_stochastic, key_for
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,6 @@ def round_to_element(x: torch.Tensor, fmt: ElementFormat | str, rounding: Roundi
     fmt = element_format(fmt)
     if x.dtype != torch.float32:
         raise TypeError(f"round_to_element reads float32 bits; got {x.dtype}")
-    stochastic = _stochastic(rounding)
+    stochastic = is_stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
-    return _floating_point(x, key, stochastic=stochastic, **element_grid(fmt))
+    return fused_float_grid(x, key, stochastic=stochastic, **element_grid(fmt))

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from qtrain.quant.elements import ElementFormat, element_format, element_math
-from qtrain.quant.formats import Rounding, _stochastic
-from qtrain.quant.rounding import device_constant, fused, key_for
+from qtrain.quant.rounding import Rounding, device_constant, fused, is_stochastic, key_for
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 REDUCTIONS = ("max", "most_recent")
@@ -59,7 +58,7 @@ def scaled_fp8(x: torch.Tensor, fmt: ElementFormat | str, scale: torch.Tensor, r
     round_to_element`); ``q * scale_inv`` with ``scale_inv = 1 / scale``, as Transformer Engine dequantizes.
     """
     fmt = element_format(fmt)
-    stochastic = _stochastic(rounding)
+    stochastic = is_stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
     scale = scale.to(x.device, torch.float32)
     return _scaled(x, scale, torch.reciprocal(scale), key, elem=fmt.name, stochastic=stochastic)

@@ -20,8 +20,7 @@ import torch
 
 from qtrain.quant.choices import MX_SCALE_RULES
 from qtrain.quant.elements import ELEMENTS, element_math
-from qtrain.quant.formats import Rounding, _stochastic
-from qtrain.quant.rounding import device_constant, fused, key_for, scale_pow2
+from qtrain.quant.rounding import Rounding, device_constant, fused, is_stochastic, key_for, scale_pow2
 
 SCALE_BITS = 8  # E8M0 (MX) and E4M3 (NVFP4) block scales alike
 MX_BLOCK = 32
@@ -119,7 +118,7 @@ def mx_quantize(x: torch.Tensor, elem: str, dim: int, block: int = MX_BLOCK, rou
     _check_float32(x)
     if x.numel() == 0:
         return x.clone()
-    stochastic = _stochastic(rounding)
+    stochastic = is_stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
     # a tensor: a compiled kernel would fold a literal into its product in another precision
     max_normal_rcp = device_constant(MAX_NORMAL_RCP[elem], torch.float32, x.device)
@@ -165,7 +164,7 @@ def nvfp4_quantize(x: torch.Tensor, dim: int, block: int = NVFP4_BLOCK, rounding
     _check_float32(x)
     if x.numel() == 0:
         return x.clone()
-    stochastic = _stochastic(rounding)
+    stochastic = is_stochastic(rounding)
     key = key_for(stochastic, x.device) if key is None else key.to(x.device)
     if two_d:
         if x.dim() < 2:
