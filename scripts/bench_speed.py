@@ -1,14 +1,17 @@
 """Speed and memory of quantized training against float32, measured in one run on this machine.
 
-    python scripts/bench_speed.py [--model resnet20|transformer] [--steps 20] [--batch N] [--rounds 3] [--methods sbm pfq ...]
-                                  [--device cpu|cuda]
+    python scripts/bench_speed.py [--model resnet20|transformer] [--batch N] [--half-width 0.03] [--max-pairs 300]
+                                  [--methods sbm pfq ...] [--device cpu|cuda]
 
 Prints, for ResNet-20 on 32x32x3 inputs, batch 128 (``--model transformer``: the small Transformer preset on
 sequences of 64 tokens of WikiText-2's 33,278-word vocabulary, batch 16 sequences), on the CPU (``--device cuda``: on
 the GPU, each step's time read after a synchronize, and its memory as the allocator's peak above what it held at rest):
-- the median time of one training step (forward, backward, optimizer) of each method divided by float32's;
-  the methods take turns over ``--rounds`` rounds and each keeps the median of its rounds; as in a run, glibc
-  keeps freed tensors for reuse (qtrain.launch.keep_freed_memory), so the timed steps take no page faults;
+- the time of one training step (forward, backward, the method's hooks, the cost meter, optimizer) of each method
+  over float32's: both are set up in one process and their steps alternate (A/B, then B/A, after the same warm-up),
+  so drift and bursts of other load land on both; the ratio is the median of the pairs' ratios, printed with its
+  distribution-free 95 % interval, and pairs are timed until that interval is within ``--half-width`` of the
+  median (or ``--max-pairs`` are timed); as in a run, glibc keeps freed tensors for reuse
+  (qtrain.launch.keep_freed_memory), so the timed steps take no page faults;
 - the peak memory of a training step (the process's high-water mark above its resident size at
   rest after three warm-up steps, measured in a separate process whose allocator returns freed
   tensors to the OS) divided by float32's;
@@ -24,8 +27,8 @@ with their gates' choices drawn from TRAINED_SHARES, the option shares of a trai
 from untrained gates (which send most samples past their blocks); dfq_mix_all runs every option for
 every sample, as the reference code does (timed once, over at most 5 steps: it has no target and takes
 several times as long).
-CPT runs its cycle's first step (3 bits forward, 8 backward; a step's work does not depend on its bits). FP8 and
-the block-scaled recipes (mxfp8, mxfp6, mxfp4, nvfp4: the league's) run at their config defaults.
+CPT runs its cycle's first step (3 bits forward, 8 backward; a step's work does not depend on its bits). FP8 runs at
+its config defaults, the block-scaled recipes (mxfp8, mxfp6, mxfp4, nvfp4) as the league runs them on ResNet-20.
 Targets: SBM, both FW-8/BW-16 readings, PFQ and MuPPET <= 1.2x float32 in time, DFQ, FracTrain and
 AdaPT <= 1.35x, DYNASTY <= 1.5x, FP8 and MX <= 1.3x; every method <= 1.2x in memory (DYNASTY 1.3x), stochastic
 rounding <= 2x a copy.
@@ -37,11 +40,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -51,11 +57,12 @@ VARIANTS = {
     "sbm_bw16_both_paths": ["experiment=sbm_bw16_both_paths"],
     "dfq_mix_all": ["method=dfq", "method.execution=mix_all"],
     # the league's block-scaled recipes (conf/experiment/league.yaml)
-    "mxfp8": ["method=mx", "method.weight=mxfp8_e4m3", "method.act=mxfp8_e4m3", "method.grad=mxfp8_e4m3"],
+    "mxfp8": ["method=mx", "method.weight=mxfp8_e4m3", "method.act=mxfp8_e4m3", "method.grad=mxfp8_e4m3",
+              "method.scale_rule=ceil"],
     "mxfp6": ["method=mx"],
     "mxfp4": ["method=mx", "method.weight=mxfp4_e2m1"],
     "nvfp4": ["method=mx", "method.weight=nvfp4", "method.act=nvfp4", "method.grad=nvfp4", "method.grad_rounding=stochastic",
-              "method.weight_blocks=2d", "method.hadamard_wgrad=true"],
+              "method.weight_blocks=2d", "method.hadamard_wgrad=true", "method.first_layer=bf16", "method.last_layer=bf16"],
 }
 SCALED = ("fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
 METHODS = ("float32", "sbm", "sbm_bw16_bifurcation", "sbm_bw16_both_paths", "pfq", "dfq", "dfq_mix_all", "fractrain",
@@ -124,18 +131,16 @@ def _workload(model_name: str, batch: int) -> tuple[torch.nn.Module, torch.Tenso
     return model, torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)), 50_000
 
 
-def one_method(name: str, steps: int, batch: int, model_name: str, device: torch.device, memory: bool = False) -> dict:
-    """Time ``steps`` training steps of ``name`` after 3 warm-up steps; runs in its own process. ``memory``: the
-    process measures the peak memory (glibc returns freed tensors to the OS) rather than the time (it keeps them, as
-    a run does)."""
+def _training_step(name: str, batch: int, model_name: str,
+                   device: torch.device) -> tuple[Callable[[], float], Callable[[], dict]]:
+    """A timed training step of ``name`` (forward, backward, the method's hooks, the cost meter, the optimizer), after
+    3 warm-up steps, and a function that tells, once the timing is done, the steps' cost and AdaPT's switch time
+    (it switches every layer)."""
     from hydra import compose, initialize_config_dir
 
     from qtrain.cost import CostMeter
-    from qtrain.launch import keep_freed_memory
     from qtrain.methods import RunFacts, StepInfo, build_method
-    from qtrain.methods.adapt_switching import Format
     from qtrain.resources import conf_dir
-    from qtrain.run import float32_kernels
     from qtrain.task import Task
 
     overrides = VARIANTS.get(name, [f"method={name}"])
@@ -146,9 +151,6 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     if cfg.method.name in ("dfq", "fractrain"):
         _draw_trained_shares()
     torch.manual_seed(0)
-    float32_kernels()  # the kernels a run takes
-    if not memory:
-        keep_freed_memory()  # as a run does: no page faults in the timed steps
     method = build_method(cfg.method)
     model, x, y, samples_per_epoch = _workload(model_name, batch)
     model, x, y = method.prepare(model.to(device)).to(device), x.to(device), y.to(device)
@@ -158,7 +160,8 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
     method.attach(opt, RunFacts(batch, 1, samples_per_epoch))
     info = StepInfo(0, 0, batch)
 
-    def step() -> None:
+    def timed_step() -> float:
+        start = time.perf_counter()
         loss = method.loss(Task.loss(model(x), y), info)
         loss.backward()
         meter.add(method.precision(), batch)
@@ -166,39 +169,88 @@ def one_method(name: str, steps: int, batch: int, model_name: str, device: torch
         opt.step()
         opt.zero_grad(set_to_none=True)
         method.after_step(info)
-
-    def timed_step() -> float:
-        start = time.perf_counter()
-        step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start
 
     for _ in range(3):
         timed_step()
+    return timed_step, lambda: {"cost_percent": meter.percent_of_float32(),
+                                "switch_s": _switch_round(method, info) if name == "adapt" else 0.0}
+
+
+def _switch_round(method: Any, info: Any) -> float:
+    """Seconds of one round of AdaPT's switches of every layer, each from a format reached in training."""
+    from qtrain.methods.adapt_switching import Format
+
+    seconds = 0.0
+    for layer, state in method.states.items():
+        state.format = Format(20, 12)
+        start = time.perf_counter()
+        method._switch(layer, 1.0, info)
+        seconds += time.perf_counter() - start
+    return seconds
+
+
+def median_interval(values: list[float]) -> tuple[float, float, float]:
+    """The median of ``values`` and its distribution-free 95 % interval: the ``j``-th and ``k``-th smallest values,
+    ``j = floor(n/2 - 0.98 sqrt(n))`` and ``k = ceil(n/2 + 1 + 0.98 sqrt(n))`` (the binomial(n, 1/2) count of values
+    below the true median, in its normal approximation: 1.96 standard deviations of sqrt(n)/2 either side)."""
+    ordered, n = sorted(values), len(values)
+    spread = 0.98 * math.sqrt(n)
+    low, high = max(math.floor(n / 2 - spread), 1), min(math.ceil(n / 2 + 1 + spread), n)  # ranks, from 1
+    return statistics.median(ordered), ordered[low - 1], ordered[high - 1]
+
+
+def ab_ratio(name: str, batch: int, model_name: str, device: torch.device, half_width: float, max_pairs: int) -> dict:
+    """``name``'s step time over float32's, both set up in this process and timed alternately, a float32 step and a
+    ``name`` step per pair (their order swapped every pair), until the median ratio's 95 % interval is within
+    ``half_width`` of it (at least 20 pairs) or ``max_pairs`` pairs are timed."""
+    from qtrain.launch import keep_freed_memory
+    from qtrain.run import float32_kernels
+
+    float32_kernels()  # the kernels a run takes
+    keep_freed_memory()  # as a run does: no page faults in the timed steps
+    reference, _ = _training_step("float32", batch, model_name, device)
+    measured, after = _training_step(name, batch, model_name, device)
+    steps, theirs = [], []
+    while len(steps) < max_pairs:
+        first, second = (reference, measured) if len(steps) % 2 == 0 else (measured, reference)
+        a, b = first(), second()
+        steps.append(b if first is reference else a)
+        theirs.append(a if first is reference else b)
+        if len(steps) >= min(20, max_pairs):
+            ratio, low, high = median_interval([t / t32 for t, t32 in zip(steps, theirs)])
+            if max(ratio - low, high - ratio) <= half_width:
+                break
+    facts = after()  # AdaPT's switches amortized at their most frequent rate (ADAPT_SWITCH_EVERY steps)
+    ours = [t + facts["switch_s"] / ADAPT_SWITCH_EVERY for t in steps]
+    ratio, low, high = median_interval([t / t32 for t, t32 in zip(ours, theirs)])
+    return {"ratio": ratio, "low": low, "high": high, "pairs": len(ours), "step_s": statistics.median(ours),
+            "float32_step_s": statistics.median(theirs), **facts}
+
+
+def peak_memory(name: str, batch: int, model_name: str, device: torch.device) -> dict:
+    """The peak memory of a training step above the resident size at rest (CUDA: the allocator's peak above what it
+    held), in a process of its own whose allocator returns freed tensors (:func:`_child`)."""
+    from qtrain.run import float32_kernels
+
+    float32_kernels()
+    step, _ = _training_step(name, batch, model_name, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        times = [timed_step() for _ in range(steps)]
-        peak_mb = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    else:
-        # Reset the high-water mark to the resident size at rest (model, optimizer state, compiled kernels):
-        # the peak above it is the memory one training step needs.
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _rss_kb("VmRSS")
-        times = [timed_step() for _ in range(steps)]
-        peak_mb = (_rss_kb("VmHWM") - base) / 1024
-    switch_s = 0.0
-    if name == "adapt":  # one round of switches of every layer, from a format reached in training
-        for layer, state in method.states.items():
-            state.format = Format(20, 12)
-            start = time.perf_counter()
-            method._switch(layer, 1.0, info)
-            switch_s += time.perf_counter() - start
-    return {"step_s": statistics.median(times) + switch_s / ADAPT_SWITCH_EVERY,
-            "peak_mb": peak_mb, "cost_percent": meter.percent_of_float32(),
-            "switch_s": switch_s}
+        for _ in range(3):
+            step()
+        return {"peak_mb": (torch.cuda.max_memory_allocated(device) - base) / 2**20}
+    # Reset the high-water mark to the resident size at rest (model, optimizer state, compiled kernels): the peak
+    # above it is the memory one training step needs.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _rss_kb("VmRSS")
+    for _ in range(3):
+        step()
+    return {"peak_mb": (_rss_kb("VmHWM") - base) / 1024}
 
 
 def _alternating_medians(fns: dict, repeats: int = 30) -> dict:
@@ -233,12 +285,15 @@ def rounding_ratios(device: torch.device, qtorch: bool) -> dict:
     return _alternating_medians(fns, repeats=10 if "qtorch_sr_ms" in fns else 30)
 
 
-def _child(name: str, steps: int, batch: int, model: str, device: str, memory: bool = False) -> dict:
+def _child(name: str, args: argparse.Namespace, batch: int, memory: bool = False) -> dict:
+    """:func:`ab_ratio` (``memory``: :func:`peak_memory`) of ``name`` in a process of its own."""
     # For memory, a fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the
     # resident size follows the live tensors and its high-water mark is the step's peak.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"} if memory else os.environ
-    command = [sys.executable, __file__, "--one", name, "--steps", str(steps), "--batch", str(batch), "--model", model,
-               "--device", device, *(["--memory"] if memory else [])]
+    pairs = min(args.max_pairs, 5) if name in SLOW else args.max_pairs
+    command = [sys.executable, __file__, "--one", name, "--batch", str(batch), "--model", args.model, "--device",
+               args.device, "--half-width", str(args.half_width), "--max-pairs", str(pairs),
+               *(["--memory"] if memory else [])]
     proc = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -246,12 +301,13 @@ def _child(name: str, steps: int, batch: int, model: str, device: str, memory: b
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("resnet20", "transformer"), default="resnet20")
-    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, help="samples (images, sequences) per step: 128 for ResNet-20, 16 for "
                                                   "the Transformer")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds per method (median kept)")
+    parser.add_argument("--half-width", type=float, default=0.03,
+                        help="time pairs until the median ratio's 95%% interval is within this of it")
+    parser.add_argument("--max-pairs", type=int, default=300, help="at most this many pairs of steps per method")
     parser.add_argument("--methods", nargs="+", choices=METHODS,
-                        help="methods to time (float32, the reference, always runs; default: every one that applies)")
+                        help="methods to time against float32 (default: every one that applies)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-qtorch", dest="qtorch", action="store_false",
                         help="leave qtorch's stochastic rounding out of the comparison (its first import compiles it)")
@@ -260,67 +316,56 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
+    if args.half_width <= 0 or args.max_pairs < 1:
+        parser.error(f"--half-width {args.half_width} and --max-pairs {args.max_pairs}: both must be positive")
     device = torch.device(args.device)
     transformer = args.model == "transformer"
     batch = args.batch or (16 if transformer else 128)
     if args.one:
-        print(json.dumps(one_method(args.one, args.steps, batch, args.model, device, args.memory)))
+        measure = peak_memory(args.one, batch, args.model, device) if args.memory else \
+            ab_ratio(args.one, batch, args.model, device, args.half_width, args.max_pairs)
+        print(json.dumps(measure))
         return
     applicable = TRANSFORMER_METHODS if transformer else METHODS
     refused = sorted(set(args.methods or ()) - set(applicable))
     if refused:
         parser.error(f"--methods {' '.join(refused)} do not apply to --model {args.model} (choose from: "
                      f"{', '.join(applicable)})")
-    methods = ["float32", *[m for m in (args.methods or applicable) if m != "float32"]]
-    # Methods take turns over several rounds and each keeps its median, so that a burst of other load
-    # on a shared machine does not land on one method only.
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    last: dict[str, dict] = {}
-    for round_ in range(args.rounds):
-        for name in methods:
-            if name in SLOW and round_:
-                continue  # the reference's K-fold execution: one short round tells its ratio
-            steps = min(args.steps, 5) if name in SLOW else args.steps
-            last[name] = _child(name, steps, batch, args.model, args.device)
-            times[name].append(last[name]["step_s"])
-            # each measurement as it comes: a benchmark stopped from outside (gpu-check's budget) still shows them
-            print(f"{name}: step {last[name]['step_s']:.4f} s (round {round_ + 1}/{args.rounds})", flush=True)
-    results = {}
-    for name in methods:
-        # On the CPU memory is measured in a process of its own (_child), whose allocation is slower; CUDA's
-        # allocator counts its own peak: the timing run's figure is the one.
-        measured = last[name] if device.type == "cuda" else _child(name, 3, batch, args.model, args.device, memory=True)
-        results[name] = {"step_s": statistics.median(times[name]), "peak_mb": measured["peak_mb"],
-                         "cost_percent": measured["cost_percent"], "switch_s": measured["switch_s"]}
-    base = results["float32"]
+    methods = [m for m in (args.methods or applicable) if m != "float32"]
     workload = (f"Transformer ({TRANSFORMER_PRESET} preset), batch {batch} x 64 tokens, vocabulary {WIKITEXT2_VOCAB:,}"
                 if transformer else f"ResNet-20, batch {batch}, 32x32x3")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"{workload}, {where}, torch {torch.__version__}; "
-          f"median step of {args.steps} steps x {args.rounds} rounds")
-    print(f"{'method':21s} {'step s':>7s} {'x float32':>9s} {'target':>7s} {'peak MB':>8s} {'x float32':>9s} "
-          f"{'cost %':>7s}")
-    for name, r in results.items():
-        time_ratio, memory_ratio = r["step_s"] / base["step_s"], r["peak_mb"] / base["peak_mb"]
+    print(f"{workload}, {where}, torch {torch.__version__}; each method's steps alternate with float32's in one "
+          f"process until the median ratio's 95% interval is within +-{args.half_width} (at most {args.max_pairs} pairs)")
+    float32_memory = _child("float32", args, batch, memory=True)["peak_mb"]
+    print(f"{'method':21s} {'step s':>7s} {'x float32':>9s} {'95% interval':>13s} {'pairs':>5s} {'target':>7s} "
+          f"{'peak MB':>8s} {'x float32':>9s} {'cost %':>7s}", flush=True)
+    adapt_switch = None
+    for name in methods:
+        timed, memory = _child(name, args, batch), _child(name, args, batch, memory=True)
+        memory_ratio = memory["peak_mb"] / float32_memory
         if transformer:
             target, memory_target = TRANSFORMER_TIME_TARGETS.get(name), TRANSFORMER_MEMORY_TARGET
         else:
             target, memory_target = TIME_TARGETS.get(name, TIME_TARGET), MEMORY_TARGETS.get(name, MEMORY_TARGET)
-        target = None if name == "float32" else target
-        verdict = "-" if target is None else ("met" if time_ratio <= target and memory_ratio <= memory_target else "missed")
-        print(f"{name:21s} {r['step_s']:7.3f} {time_ratio:9.2f} {verdict:>7s} {r['peak_mb']:8.1f} {memory_ratio:9.2f} "
-              f"{r['cost_percent']:7.2f}")
+        verdict = "-" if target is None else ("met" if timed["ratio"] <= target and memory_ratio <= memory_target else "missed")
+        interval = f"{timed['low']:.2f}-{timed['high']:.2f}"
+        print(f"{name:21s} {timed['step_s']:7.3f} {timed['ratio']:9.2f} {interval:>13s} {timed['pairs']:5d} {verdict:>7s} "
+              f"{memory['peak_mb']:8.1f} {memory_ratio:9.2f} {timed['cost_percent']:7.2f}  (float32 step "
+              f"{timed['float32_step_s']:.3f} s)", flush=True)
+        adapt_switch = timed["switch_s"] if name == "adapt" else adapt_switch
+    print(f"float32 peak memory {float32_memory:.1f} MB")
     if transformer:
         print(f"target: SBM and PFQ time <= {TRANSFORMER_TIME_TARGETS['sbm']}x float32, memory <= "
               f"{TRANSFORMER_MEMORY_TARGET}x (the others: no target); cost %: the bit-MAC cost of the measured steps "
               "in percent of float32")
     else:
         print(f"target: time <= {TIME_TARGET}x float32 (DFQ, FracTrain, AdaPT <= {TIME_TARGETS['dfq']}x, DYNASTY <= "
-              f"{TIME_TARGETS['dynasty']}x), memory <= {MEMORY_TARGET}x (DYNASTY <= {MEMORY_TARGETS['dynasty']}x); "
-              "cost %: the bit-MAC cost "
-              "of the measured steps in percent of float32 (DFQ/FracTrain: gates drawing from TRAINED_SHARES)")
-    if "adapt" in results:
-        print(f"adapt: one round of switches (every layer) {results['adapt']['switch_s']:.3f} s, amortized over "
+              f"{TIME_TARGETS['dynasty']}x, FP8 and MX <= {TIME_TARGETS['fp8']}x), memory <= {MEMORY_TARGET}x (DYNASTY "
+              f"<= {MEMORY_TARGETS['dynasty']}x); cost %: the bit-MAC cost of the measured steps in percent of float32 "
+              "(DFQ/FracTrain: gates drawing from TRAINED_SHARES)")
+    if adapt_switch is not None:
+        print(f"adapt: one round of switches (every layer) {adapt_switch:.3f} s, amortized over "
               f"{ADAPT_SWITCH_EVERY} steps in its step time")
     sr = rounding_ratios(device, args.qtorch)
     ratio = sr["ours_sr_ms"] / sr["copy_ms"]
