@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from qtrain.report.cli import report
-from qtrain.report.plots import groups, learning_curve_plot
+from qtrain.report.figure_style import groups
+from qtrain.report.run_plots import learning_curve_plot
 from qtrain.report.runs import ReportError, find_runs
 
 from .test_report import fake_run

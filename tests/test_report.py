@@ -23,8 +23,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from qtrain.report.cli import latex, main, report
+from qtrain.report.figure_style import by_config, config_label, config_style, groups, method_colour
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
-from qtrain.report.plots import _average_bits, by_config, config_label, config_style, groups, method_colour, write_plots
+from qtrain.report.run_plots import _average_bits, write_plots
 from qtrain.report.runs import ReportError, find_runs, one_per_identity
 from qtrain.report.tables import display_frame, run_frame, summary_frame
 from qtrain.resources import conf_dir
@@ -530,7 +531,7 @@ def test_a_reduced_scale_table_compares_against_its_baseline_row(tmp_path):
 
 
 def test_paper_plots_keep_to_one_unit_an_axis():
-    from qtrain.report.plots import paper_accuracy_cost_figure, paper_figure
+    from qtrain.report.paper_plots import paper_accuracy_cost_figure, paper_figure
 
     def cell(row, column, metric, paper, ours, **keys):
         return {"row": row, "column": column, "metric": metric, "scale": "paper", "config": "", "paper": paper,
@@ -596,7 +597,7 @@ def _two_settings() -> pd.DataFrame:
 
 
 def test_paper_accuracy_cost_axes_name_what_every_setting_shares():
-    from qtrain.report.plots import paper_accuracy_cost_figure
+    from qtrain.report.paper_plots import paper_accuracy_cost_figure
 
     (axes,) = paper_accuracy_cost_figure(_two_settings(), "t").axes
     assert (axes.get_xlabel(), axes.get_ylabel()) == ("MACs: % saved against SBM", "Acc (%): difference to SBM")
@@ -605,7 +606,7 @@ def test_paper_accuracy_cost_axes_name_what_every_setting_shares():
 
 
 def test_paper_accuracy_cost_draws_a_restated_row_once():
-    from qtrain.report.plots import paper_accuracy_cost_figure
+    from qtrain.report.paper_plots import paper_accuracy_cost_figure
 
     (axes,) = paper_accuracy_cost_figure(_two_settings(), "t").axes
     ours = [line for line in axes.get_lines()][1::2]  # "Improv.": FracTrain's point again, not drawn over it
@@ -758,7 +759,7 @@ def test_paper_tables_export_beside_the_runs_table(tmp_path):
 def test_paper_plots_put_each_cell_at_the_papers_value_and_ours(tmp_path):
     from matplotlib.container import ErrorbarContainer
 
-    from qtrain.report.plots import paper_accuracy_cost_figure, paper_figure
+    from qtrain.report.paper_plots import paper_accuracy_cost_figure, paper_figure
 
     _table3_mini(tmp_path / "runs")
     report([str(tmp_path / "runs"), "--paper", "fractrain_table3", "--plots", str(tmp_path / "plots")])
@@ -818,7 +819,7 @@ def test_seeds_plot_as_their_mean_with_a_min_max_band_and_a_marker_each(tmp_path
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
 
-    from qtrain.report.plots import _config_lines, seed_marker
+    from qtrain.report.figure_style import config_lines, seed_marker
 
     accs = [[0.40, 0.60, 0.70], [0.50, 0.62, 0.64], [0.45, 0.58, 0.76]]
     for seed, acc in enumerate(accs):
@@ -826,7 +827,7 @@ def test_seeds_plot_as_their_mean_with_a_min_max_band_and_a_marker_each(tmp_path
                  metrics_extra={"stage": [0, 1, 1] if seed else [0, 0, 1]})
     fake_run(tmp_path, "sbm", "sbm", [0.5, 0.6, 0.7], [4e9, 8e9, 1.2e10], model="resnet20")
     axes = Figure().add_subplot()
-    assert _config_lines(find_runs([tmp_path]), axes, "effective_macs", "test_acc", 100.0)
+    assert config_lines(find_runs([tmp_path]), axes, "effective_macs", "test_acc", 100.0)
     lines = {line.get_label(): line for line in axes.lines}
     mean = lines["pfq (mean of 3 seeds)"]
     assert list(mean.get_ydata()) == pytest.approx([100 * statistics.fmean(a[i] for a in accs) for i in range(3)])
@@ -844,7 +845,7 @@ def test_seeds_plot_as_their_mean_with_a_min_max_band_and_a_marker_each(tmp_path
 
 
 def test_an_option_has_one_colour_in_every_allocation_plot():
-    from qtrain.report.plots import share_colour
+    from qtrain.report.figure_style import share_colour
 
     # DFQ on ResNet-20 and FracTrain on MobileNetV2 allocate among different options; FW6/BW8 is in both
     assert share_colour("FW6/BW8") == share_colour("FW6/BW8.0")
@@ -968,8 +969,10 @@ def test_one_identity_in_two_directories_is_counted_once(tmp_path):
 
 @pytest.mark.slow
 def test_report_loads_neither_torch_nor_the_qtrain_command():
-    code = ("import sys; from qtrain.report import cli, paper, plots, tables; "  # each one's config-tree lookups too
-            "tables._method_defaults('sbm', 'mini'), paper.header_commands('fractrain_table3'), plots._configured_options(); "
+    code = ("import sys; from qtrain.report import cli, figure_style, paper, paper_plots, pareto, run_plots, tables; "
+            # each one's config-tree lookups too
+            "tables._method_defaults('sbm', 'mini'), paper.header_commands('fractrain_table3'); "
+            "figure_style._configured_options(); "
             "loaded = {'torch', 'qtrain.cli'} & set(sys.modules); assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -1022,7 +1025,7 @@ def test_a_bad_stand_in_is_one_line_before_any_output(tmp_path, args, error):
 
 
 def test_the_pareto_frontier_keeps_the_points_nothing_beats_on_cost_and_score():
-    from qtrain.report.plots import pareto_front
+    from qtrain.report.pareto import pareto_front
 
     costs = [100.0, 6.25, 3.8, 6.25, 1.9, 12.0]
     scores = [92.0, 91.0, 88.5, 90.0, 80.0, 91.0]  # the 12 % point ties a cheaper one; 6.25 twice: the better
@@ -1033,7 +1036,7 @@ def test_the_pareto_frontier_keeps_the_points_nothing_beats_on_cost_and_score():
 def test_the_report_draws_a_pareto_plot_per_model_and_data(tmp_path):
     from matplotlib.figure import Figure
 
-    from qtrain.report import plots
+    from qtrain.report import pareto
 
     for seed in (0, 1):
         fake_run(tmp_path, f"f{seed}", "float32", [0.5, 0.70 + seed / 100], [5e11, 1e12], seed=seed, model="resnet20")
@@ -1043,7 +1046,7 @@ def test_the_report_draws_a_pareto_plot_per_model_and_data(tmp_path):
     original = Figure.savefig
     Figure.savefig = lambda fig, *a, **k: (drawn.append(fig), original(fig, *a, **k))[1]
     try:
-        paths = plots.pareto_plot(summary_frame(run_frame(find_runs([tmp_path]))), tmp_path / "plots")
+        paths = pareto.pareto_plot(summary_frame(run_frame(find_runs([tmp_path]))), tmp_path / "plots")
     finally:
         Figure.savefig = original
     assert [p.name for p in paths] == ["pareto-resnet20-cifar100.png"]  # plain runs: no scale in the name
@@ -1129,7 +1132,7 @@ def test_the_latex_runs_table_keeps_the_columns_a_paper_prints_and_fits_the_widt
 
 
 def test_labels_of_points_close_together_are_moved_apart_and_others_stay():
-    from qtrain.report.plots import _label_offsets
+    from qtrain.report.pareto import _label_offsets
 
     # MuPPET and SBM at nearly one cost and accuracy (as in the league), float32 far from both: closeness is a
     # twelfth of the log-cost range (2 decades here) and a thirtieth of the accuracy range (here 6 points: 0.2)

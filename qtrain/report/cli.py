@@ -3,7 +3,7 @@
 Parses the arguments, reads the runs (:mod:`qtrain.report.runs`, each identity once), and prints the runs
 table (:mod:`qtrain.report.tables`), with ``--paper`` the published tables beside ours (:mod:`qtrain.report.paper`),
 with ``--reference`` the runs beside a reference learning curve (:mod:`qtrain.report.reference`), and optionally
-writes CSV, LaTeX, PNG plots (:mod:`qtrain.report.plots`) and one HTML page. Errors are one line,
+writes CSV, LaTeX, PNG plots (:mod:`qtrain.report.run_plots`, ``paper_plots``, ``pareto``) and one HTML page. Errors are one line,
 ``qtrain-report: error: ...``, exit code 2, before anything is written. docs/reports.md describes the report.
 """
 
@@ -202,7 +202,7 @@ def _write_html(path: Path, sections: list[tuple[str, pd.DataFrame, str]], image
         parts += [f"<h2>{html.escape(heading)}</h2>", frame.to_html(index=False, na_rep="-", border=0)]
         if note:
             parts.append(f"<pre style='white-space:pre-wrap'>{html.escape(note)}</pre>")
-    from qtrain.report.plots import caption
+    from qtrain.report.figure_style import caption
 
     parts.append("<h2>Plots</h2>")
     for image in images:
@@ -244,7 +244,7 @@ def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Refe
         return None, []
     if not args.reference.is_file():
         raise ReportError(f"--reference {args.reference} is not allowed: no such file (give a reference curve's CSV)")
-    from qtrain.report.plots import by_config
+    from qtrain.report.figure_style import by_config
     from qtrain.report.reference import difference_table, load_reference, shares_table
 
     configs = by_config(runs)
@@ -309,7 +309,9 @@ def report(argv: list[str] | None = None) -> str:
             text = "\n".join(f"% {heading}\n{latex(_paper_frame(frame))}" for _, heading, frame in parts)
             _write(_beside(args.latex, name), lambda path, text=text: path.write_text(text))
     if args.plots:
-        from qtrain.report.plots import pareto_plot, write_paper_plots, write_plots
+        from qtrain.report.paper_plots import write_paper_plots
+        from qtrain.report.pareto import pareto_plot
+        from qtrain.report.run_plots import write_plots
 
         images = write_plots(runs, args.plots) + pareto_plot(table, args.plots)
         if reference is not None:

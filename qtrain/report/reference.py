@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from qtrain.report.plots import SEEDS_NOTE, _config_lines, _legend, _save, _slug, option_name
+from qtrain.report.figure_style import SEEDS_NOTE, config_lines, legend, option_name, save, slug
 from qtrain.report.runs import ReportError, Run
 
 # (column, what it is, the scale from ours to the reference's unit, how a difference is counted): accuracies in
@@ -223,11 +223,11 @@ def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | N
         if column == "train_loss" and reference.loss_with_cost:  # as the table: loss + cost term, the log's footing
             mine = [_with_objective(run) for run in mine]
             name = f"{name} + cost term"
-        _config_lines(mine, axes, "epoch", column, scale)
+        config_lines(mine, axes, "epoch", column, scale)
         axes.set(xlabel="epoch", ylabel=name, xlim=(0.5, last + 0.5))
         axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
         axes.grid(alpha=0.3)
         drawn.append(axes)
-    _legend(fig, drawn)
+    legend(fig, drawn)
     fig.suptitle(f"against the reference curve {reference.name} (dashed){SEEDS_NOTE}", fontsize=10)
-    return _save(fig, out / f"reference-{_slug(reference.name)}.png")
+    return save(fig, out / f"reference-{slug(reference.name)}.png")
