@@ -28,24 +28,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+from qtrain import sweeps
+from qtrain.resources import conf_dir
+
 SCALES = ("paper", "mini", "smoke")
 
 
 def header_commands(table: str) -> list[list[str]]:
     """The ``qtrain`` and ``qtrain-report`` commands of the table's experiment header, in order."""
-    path = CONF / f"{table}.yaml"
-    if not path.is_file():
-        tables = sorted(p.stem for p in CONF.glob("*table*.yaml"))
+    commands = sweeps.header_commands(table)
+    if commands is None:
+        tables = sorted(p.stem for p in (conf_dir() / "experiment").glob("*table*.yaml"))
         raise SystemExit(f"run_table: error: {table!r} is not an experiment (tables: {', '.join(tables)})")
-    commands = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("# ")
-        if text.split(" ", 1)[0] in ("qtrain", "qtrain-report"):
-            commands.append(shlex.split(text))
-    return commands
+    return [list(words) for words in commands]
 
 
 def filled(words: list[str], data: Path, out: Path, scale: str) -> list[str]:

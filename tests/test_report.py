@@ -969,9 +969,10 @@ def test_one_identity_in_two_directories_is_counted_once(tmp_path):
 
 @pytest.mark.slow
 def test_report_loads_neither_torch_nor_the_qtrain_command():
-    code = ("import sys; from qtrain.report import cli, figure_style, paper, paper_plots, pareto, run_plots, tables; "
+    code = ("import sys; from qtrain import sweeps; "
+            "from qtrain.report import cli, figure_style, paper, paper_plots, pareto, run_plots, tables; "
             # each one's config-tree lookups too
-            "tables._method_defaults('sbm', 'mini'), paper.header_commands('fractrain_table3'); "
+            "tables._method_defaults('sbm', 'mini'), sweeps.header_commands('fractrain_table3'); "
             "figure_style._configured_options(); "
             "loaded = {'torch', 'qtrain.cli'} & set(sys.modules); assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -90,3 +90,23 @@ def test_each_run_logs_to_a_file_named_by_what_sets_it_apart(tmp_path):
     assert not any(str(tmp_path.name) in name for name in names)  # locations are not part of a name
     same = [["qtrain", "method=sbm", "seed=0"], ["qtrain", "method=sbm", "seed=0"], ["qtrain", "method=dfq", "seed=0"]]
     assert run_table.log_names("t", same) == ["t-sbm.log", "t-sbm-2.log", "t-dfq.log"]
+
+
+def test_the_header_is_read_to_its_end_and_its_commands_only(tmp_path, monkeypatch):
+    from qtrain import sweeps
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "own_table.yaml").write_text(
+        "# @package _global_\n"
+        "# A table's runs (FracTrain's recipe: an apostrophe in prose), then its report:\n"
+        "#   qtrain -m experiment=own_table method=sbm,dfq seed=0,1 data.root=DATA hydra.sweep.dir=OUT/own\n"
+        "#   qtrain-report OUT/own --paper own\n"
+        "train:\n"
+        "  epochs: 1\n"
+        "# qtrain method=float32  (after the header: not one of the table's)\n")
+    monkeypatch.setattr(sweeps.resources, "conf_dir", lambda: tmp_path)
+    assert sweeps.header_commands("own_table") == (
+        ("qtrain", "-m", "experiment=own_table", "method=sbm,dfq", "seed=0,1", "data.root=DATA", "hydra.sweep.dir=OUT/own"),
+        ("qtrain-report", "OUT/own", "--paper", "own"))
+    assert sweeps.header_commands("no_such_table") is None
+

@@ -26,6 +26,7 @@ from qtrain import resources
 from qtrain.catalog import GATED
 from qtrain.report.runs import ReportError, Run
 from qtrain.report.tables import AGGREGATES, figure, run_frame, score
+from qtrain.sweeps import header_commands
 
 HEADER = ["paper", "table", "row", "column", "value", "method", "model", "data", "setting", "metric"]
 UNMATCHED = ("train.epochs",)  # scales change the length of training, not which run a cell is
@@ -448,15 +449,6 @@ def _model_file(model: str) -> dict[str, Any]:
 
 
 @cache
-def header_commands(experiment: str) -> tuple[tuple[str, ...], ...]:
-    """The ``qtrain`` commands in the header of ``conf/experiment/<experiment>.yaml``, as words (none: no such file)."""
-    path = resources.conf_dir() / "experiment" / f"{experiment}.yaml"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return tuple(tuple(shlex.split(line[len("#   qtrain "):])) for line in lines
-                 if line.startswith("#   qtrain ") and not line.rstrip().endswith("..."))
-
-
-@cache
 def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
@@ -507,8 +499,10 @@ def _makes(overrides: list[str], cell: pd.Series) -> bool:
 def command(name: str, cell: pd.Series, scale: str | None = None) -> str:
     """The command that makes ``cell``'s run: the first of the table's experiment header commands that does, cut to
     that run (at ``scale`` where given); else the cell's method, model, data and setting on qtrain's defaults."""
-    for words in header_commands(name):
-        narrowed = _narrowed(words, cell, scale)
+    for program, *words in header_commands(name) or ():
+        if program != "qtrain":
+            continue
+        narrowed = _narrowed(tuple(words), cell, scale)
         if narrowed is not None and _makes(narrowed, cell):
             return shlex.join(["qtrain", *(["-m"] if words[0] == "-m" else []), *narrowed])
     scale_word = [] if scale in (None, "paper") else [f"scale={scale}"]
