@@ -349,12 +349,14 @@ def main() -> None:
         else:
             target, memory_target = TIME_TARGETS.get(name, TIME_TARGET), MEMORY_TARGETS.get(name, MEMORY_TARGET)
         verdict = "-" if target is None else ("met" if timed["ratio"] <= target and memory_ratio <= memory_target else "missed")
-        interval = f"{timed['low']:.2f}-{timed['high']:.2f}"
+        # below 6 pairs the interval is the pairs' whole range, which holds the median with less than 95 %
+        interval = f"{timed['low']:.2f}-{timed['high']:.2f}" + ("*" if timed["pairs"] < 6 else "")
         print(f"{name:21s} {timed['step_s']:7.3f} {timed['ratio']:9.2f} {interval:>13s} {timed['pairs']:5d} {verdict:>7s} "
               f"{memory['peak_mb']:8.1f} {memory_ratio:9.2f} {timed['cost_percent']:7.2f}  (float32 step "
               f"{timed['float32_step_s']:.3f} s)", flush=True)
         adapt_switch = timed["switch_s"] if name == "adapt" else adapt_switch
-    print(f"float32 peak memory {float32_memory:.1f} MB")
+    print(f"float32 peak memory {float32_memory:.1f} MB; * fewer than 6 pairs: the interval is their range, which "
+          "holds the median with less than 95 %")
     if transformer:
         print(f"target: SBM and PFQ time <= {TRANSFORMER_TIME_TARGETS['sbm']}x float32, memory <= "
               f"{TRANSFORMER_MEMORY_TARGET}x (the others: no target); cost %: the bit-MAC cost of the measured steps "

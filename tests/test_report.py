@@ -47,7 +47,7 @@ def fake_run(root: Path, name: str, method: str, accs: list[float], macs: list[f
              precision: list[dict] | None = None, metrics_extra: dict | None = None, train_keys: dict | None = None,
              optim_keys: dict | None = None, scale: str | None = None, float32_share: float = 0.0,
              model_keys: dict | None = None) -> Path:
-    """A run directory as run.py leaves it: metrics.csv per epoch, and a summary unless ``status`` is None;
+    """A run directory as a run leaves it: metrics.csv per epoch, and a summary unless ``status`` is None;
     ``scale`` on its recorded command line (``.hydra/overrides.yaml``); ``float32_share`` of its cost in float32
     layers."""
     run_dir = root / name
@@ -87,7 +87,7 @@ def _key_paths(value: object, prefix: str = "") -> set[str]:
 
 @pytest.mark.slow
 def test_the_fake_runs_files_hold_only_what_a_real_run_writes(tmp_path):
-    # fake_run writes summary.json and metrics.csv by hand: a key run.py renamed would leave these tests reading a
+    # fake_run writes summary.json and metrics.csv by hand: a key summary.py renamed would leave these tests reading a
     # file no run writes
     from qtrain.run import run  # torch: the other tests here read files only
 
@@ -185,7 +185,7 @@ def test_a_row_of_runs_in_progress_shows_their_last_epoch(tmp_path):
 
 
 def test_a_run_in_progress_reads_its_config_resolved_as_a_finished_one(tmp_path):
-    # run.py resolves the config into summary.json; .hydra/config.yaml keeps sbm.yaml's ${.grad_bits}
+    # summary.py resolves the config into summary.json; .hydra/config.yaml keeps sbm.yaml's ${.grad_bits}
     fake_run(tmp_path, "done", "sbm", [0.5], [1e9])
     fake_run(tmp_path, "stopped", "sbm", [0.6], [1e9], status=None, seed=1)
     frame = run_frame(find_runs([tmp_path]))
@@ -1152,3 +1152,29 @@ def test_every_figure_of_the_html_report_has_its_caption(tmp_path):
     assert all(alt == text and text and not text.endswith(".png") for _, alt, text in figures)
     assert any(name.startswith("learning-curves-") and text.startswith("learning curves: resnet20 on cifar100")
                for name, _, text in figures)
+
+
+def test_the_accuracy_cost_figure_leaves_out_the_hardware_panels_no_run_has_figures_for(tmp_path):
+    from qtrain.report.run_plots import accuracy_cost_plot
+
+    nan = float("nan")
+    unpriced = {"bit_serial_seconds": [nan, nan], "bitfusion_seconds": [nan, nan]}  # a float format's (docs/cost.md)
+    for seed in (0, 1):
+        fake_run(tmp_path, f"fp8-{seed}", "fp8", [0.5, 0.6], [1e10, 2e10], seed=seed, metrics_extra=unpriced)
+    (group,) = groups(find_runs([tmp_path]))
+    path = accuracy_cost_plot(group, tmp_path)
+    assert path is not None
+    priced = {"bit_serial_seconds": [1.0, 2.0], "bitfusion_seconds": [nan, nan]}
+    fake_run(tmp_path, "sbm-0", "sbm", [0.5, 0.55], [1e10, 2e10], metrics_extra=priced)
+    from matplotlib.figure import Figure
+
+    drawn = []
+    original = Figure.savefig
+    Figure.savefig = lambda fig, *a, **k: (drawn.append(fig), original(fig, *a, **k))[1]
+    try:
+        (group,) = groups(find_runs([tmp_path]))
+        accuracy_cost_plot(group, tmp_path)
+    finally:
+        Figure.savefig = original
+    assert [axes.get_xlabel() for axes in drawn[0].axes] == ["cumulative effective MACs (float32-equivalent)",
+                                                             "cumulative bit-serial time (s)"]

@@ -61,7 +61,8 @@ class ScaledOperands(nn.Module):
         return "/".join(dict.fromkeys(names))
 
     def datapath(self) -> Bits:
-        """The widths the MAC units multiply (significands; 32 for float32): what the hardware models time."""
+        """The widths the MAC units multiply (an integer element's bits; NaN for a float element, which the hardware
+        models leave unpriced; 32 for float32): what the hardware models time."""
         w, a, g = (q.datapath_bits() if q is not None else 32 for q in (self.weight, self.act, self.grad))
         return Bits(w, a, g, g)
 

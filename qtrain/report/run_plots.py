@@ -134,7 +134,8 @@ def accuracy_cost_plot(group: Group, out: Path) -> Path | None:
     """Test accuracy (a language model's: perplexity) against cumulative effective MACs and each hardware model's time."""
     xs = [("effective_macs", "cumulative effective MACs (float32-equivalent)")] + [
         (f"{model}_seconds", f"cumulative {name} time (s)") for model, name in HARDWARE]
-    xs = [(x, name) for x, name in xs if any(x in run.metrics for run in group.runs)]
+    # a hardware model leaves float formats unpriced (NaN): a panel where no run has a figure is left out
+    xs = [(x, name) for x, name in xs if any(x in run.metrics and run.metrics[x].notna().any() for run in group.runs)]
     if not xs:
         return None
     language = any("test_ppl" in run.metrics for run in group.runs)
