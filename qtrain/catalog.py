@@ -1,9 +1,8 @@
 """What qtrain offers, as plain facts that need no torch: its methods and its hardware models.
 
-The methods are the config schemas' (:data:`qtrain.config.methods.METHODS`, in the order the method registry
-:mod:`qtrain.methods` holds the classes); the hardware meter (:mod:`qtrain.cost.hardware`) holds the hardware models
-in this order and under these names (tests tie them). The report reads these facts to colour, label and choose its
-figures without importing torch.
+The methods are the registry of their config schemas (:data:`qtrain.config.methods.METHODS`), in the order the report
+lists them; the hardware meter (:mod:`qtrain.cost.hardware`) holds the hardware models in this order and under these
+names (a test ties them). The report reads these facts to colour, label and choose its figures without importing torch.
 """
 
 from __future__ import annotations

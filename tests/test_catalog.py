@@ -1,14 +1,9 @@
-"""The torch-free catalog (qtrain.catalog) names what the method registry and the hardware meter hold."""
+"""The torch-free catalog (qtrain.catalog) names what the hardware meter holds and what the report reads of the methods."""
 
 from __future__ import annotations
 
 from qtrain import catalog
 from qtrain.cost import hardware
-from qtrain.methods import METHODS
-
-
-def test_catalog_lists_the_registered_methods_in_their_order():
-    assert tuple(METHODS) == catalog.METHOD_NAMES
 
 
 def test_the_facts_the_report_reads():

@@ -3,7 +3,8 @@
 import pytest
 from torch import nn
 
-from qtrain.methods import METHODS, build_method
+from qtrain.catalog import METHOD_NAMES
+from qtrain.methods import build_method
 from qtrain.models import build_model
 from qtrain.quant.layers import QConv2d
 from qtrain.run import run
@@ -16,7 +17,7 @@ SHORT = ["data=synthetic", "data.n_train=16", "data.n_test=8", "train.epochs=1",
          "train.eval_batch_size=8", "progress=false", "fused=false"]
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "float32"])
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m != "float32"])
 @pytest.mark.slow
 def test_every_method_quantizes_every_bottleneck_convolution(method):
     built = build_method(make_config(f"method={method}", "model=resnet164").method)
@@ -27,7 +28,7 @@ def test_every_method_quantizes_every_bottleneck_convolution(method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", list(METHOD_NAMES))
 def test_every_method_trains_resnet164(method, tmp_path):
     cycles = ["method.cycles=2"] if method == "cpt" else []  # CPT refuses more cycles than the run's 2 steps
     summary = run(make_config(f"method={method}", "model=resnet164", *SHORT, *cycles), tmp_path)

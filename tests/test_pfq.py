@@ -1,12 +1,13 @@
 """PFQ: the loss indicator on synthetic loss curves, manual schedules, stage bits, cost and resume."""
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.errors import ConfigError
 from qtrain.methods import build_method
 from qtrain.methods.progressive import LossIndicator, StageSchedule
@@ -60,9 +61,9 @@ def test_indicator_is_invariant_to_the_loss_scale():
         assert _turning_points([x * factor for x in wobbly], LossIndicator(0.05, 0.3, 5, 10)) == [10]
 
 
-def _schedule(stages, **cfg):
-    base = {"switch": "auto", "epsilon": 0.05, "alpha": 0.3, "window": 5, "scale_epochs": 10, "manual_epochs": []}
-    return StageSchedule(stages, OmegaConf.create({**base, **cfg}))
+def _schedule(stages, switch="auto", **cfg):
+    base = {"epsilon": 0.05, "alpha": 0.3, "window": 5, "scale_epochs": 10, "manual_epochs": []}
+    return StageSchedule(stages, SimpleNamespace(switch=schemas.Switch(switch), **{**base, **cfg}))
 
 
 def test_schedule_stops_at_its_last_stage():

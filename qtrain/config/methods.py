@@ -1,19 +1,21 @@
-"""Typed schemas of the methods' configs (``conf/method/<name>.yaml``): a dataclass per method in :data:`METHODS`,
-built on :mod:`qtrain.config.schema` (types from annotations, ranges by ``bounded``, choices as Enums, the checks across
-keys in ``__post_init__``); option groups that methods share (the range-linear quantizers' options, the progressive
-switch, the gates, the performance model's baselines) are one base class each. :func:`check_method` reads
-``cfg.method`` against its schema before any work; imports no torch. :data:`METHODS` is the list of qtrain's methods
-(with what the report reads of them, :mod:`qtrain.catalog`).
+"""The methods' registry and their typed config schemas (``conf/method/<name>.yaml``), torch-free.
 
+A dataclass per method, registered by :func:`register_method` with the class that trains it; :data:`METHODS` is that
+registry, read by the trainer (:func:`qtrain.methods.build_method`), the checks and the report (:mod:`qtrain.catalog`).
+The schemas are built on :mod:`qtrain.config.schema` (types from annotations, ranges by ``bounded``, choices as
+:class:`Choice`, the checks across keys in ``__post_init__``); option groups that methods share (the range-linear
+quantizers, the progressive switch, the gates, the performance model's baselines) are one base class each.
+:func:`check_method` reads ``cfg.method`` against its schema before any work, and the method is handed the result.
 What a schema cannot see stays with the method: whatever needs the model itself (DFQ and FracTrain refuse a model
 without residual blocks to gate when they prepare it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from omegaconf import DictConfig, ListConfig
 
@@ -22,19 +24,37 @@ from qtrain.errors import ConfigError
 from qtrain.quant import choices
 
 
-class Precision(Enum):
+class Choice(str, Enum):
+    """A value a key chooses from. A member is equal to its text and hashes, prints and formats as it, so the kernels
+    (:mod:`qtrain.quant`), which know no config schema, take it where they take the text."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choices(name: str, values: tuple[str, ...]) -> type[Choice]:
+    """The Choice of the kernels' values (:mod:`qtrain.quant.choices`), a member per value under its upper-case name."""
+    return Choice(name, {value.upper(): value for value in values})
+
+
+class Precision(Choice):
     """Of a layer, a projection shortcut, a gradient: quantized or float32."""
 
     QUANTIZED = "quantized"
     FLOAT32 = "float32"
 
 
-class ActRange(Enum):
+class ActRange(Choice):
     TENSOR = "tensor"  # global min/max
     SAMPLE_MEAN = "sample_mean"  # mean of per-sample min/max
 
 
-class Init(Enum):
+class Init(Choice):
     TNVS = "tnvs"  # AdaPT's truncated-normal fan-in variance scaling
     MODEL = "model"
 
@@ -44,6 +64,7 @@ class MethodConfig:
     """The key every method has: its name."""
 
     allocating: ClassVar[bool] = False  # chooses precision per layer or per sample as it trains (a bit-allocation plot)
+    implementation: ClassVar[str]  # the class that trains the method, as "module:Class" (see register_method)
     name: str
 
     def __post_init__(self) -> None:
@@ -52,6 +73,21 @@ class MethodConfig:
     def check_steps_per_epoch(self, steps: int, *, exact: bool) -> None:
         """Refuse a run of ``steps`` optimizer steps an epoch that the method cannot train (``exact``: the run's own
         count; else a bound on it, known before the data loads)."""
+
+
+METHODS: dict[str, type[MethodConfig]] = {}  # every method's schema by name, in the order the report lists them
+S = TypeVar("S", bound=type[MethodConfig])
+
+
+def register_method(name: str, implementation: str) -> Callable[[S], S]:
+    """Register the schema of the method ``name``, trained by ``implementation`` ("module:Class", imported only when
+    a run builds the method, so that checking a config imports no torch)."""
+
+    def register(schema: S) -> S:
+        schema.implementation = implementation
+        METHODS[name] = schema
+        return schema
+    return register
 
 
 @dataclass(frozen=True)
@@ -79,6 +115,19 @@ class RangeLinear(MethodConfig):
     depthwise_bits: FwBw | None
 
 
+# ---- float32 ----
+
+@register_method("float32", "qtrain.methods.float32:Float32")
+@dataclass(frozen=True)
+class Float32(MethodConfig):
+    """AdaPT's initialization and L1 term, which its float32 baselines share."""
+
+    init: Init
+    init_scale: float = bounded(0, low_open=True)
+    l1: float = bounded(0)
+
+
+@register_method("sbm", "qtrain.methods.sbm:SBM")
 @dataclass(frozen=True)
 class SBM(RangeLinear, FloatEnds):
     weight_bits: Bits
@@ -87,7 +136,209 @@ class SBM(RangeLinear, FloatEnds):
     grad_weight_bits: Bits
 
 
-class Switch(Enum):
+
+# ---- MuPPET and AdaPT: priced by AdaPT's performance model ----
+
+@dataclass(frozen=True)
+class Baseline:
+    """A float32 baseline run of AdaPT's performance model (qtrain.cost.adapt_model); null: this run's value."""
+
+    batch_size: int | None = bounded(1)
+    accum_steps: int | None = bounded(1)
+    epochs: float | None = bounded(0, low_open=True)
+
+
+@dataclass(frozen=True)
+class Priced(MethodConfig):
+    """A method priced by AdaPT's performance model against the float32 baselines it names."""
+
+    performance_model: Any  # baseline name -> Baseline
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        key, baselines = "method.performance_model", self.performance_model
+        if not isinstance(baselines, DictConfig):
+            raise not_allowed(key, baselines, "it maps baseline names to {batch_size, accum_steps, epochs}")
+        for name, baseline in baselines.items():
+            if not isinstance(baseline, DictConfig) or set(baseline.keys()) != {f.name for f in fields(Baseline)}:
+                raise not_allowed(f"{key}.{name}", baseline, "a baseline has exactly batch_size, accum_steps and epochs "
+                                  "(null: this run's value)")
+            read(Baseline, baseline, f"{key}.{name}")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """MuPPET's T(e) = base + scale * exp(-decay * e)."""
+
+    base: float = bounded(0)
+    scale: float = bounded(0)
+    decay: float = bounded(0)
+
+
+@dataclass(frozen=True)
+class Float32Lr:
+    """The float32 stage's learning-rate decay and stop."""
+
+    gamma: float = bounded(0, 1)
+    every: int = bounded(1)
+    decays: int | None = bounded(0)
+
+
+class DiversityInput(Choice):
+    REFERENCE = "reference"
+    WEIGHT_GRADS = "weight_grads"
+
+
+@register_method("muppet", "qtrain.methods.muppet:MuPPET")
+@dataclass(frozen=True)
+class MuPPET(Priced):
+    schedule: list[Bits] = bounded(2, 32)  # word lengths; 32: float32
+    resolution: int = bounded(2)  # epochs per window: the diversity of one gradient is always 1
+    patience: int = bounded(1)
+    threshold: Threshold
+    diversity_input: DiversityInput
+    grad: Precision
+    float32_lr: Float32Lr
+
+    def __post_init__(self) -> None:
+        schedule = list(self.schedule)
+        if not schedule or any(a >= b for a, b in zip(schedule, schedule[1:])):
+            raise not_allowed("method.schedule", schedule, "strictly increasing word lengths from 2 to 32, at least one "
+                              "(32, float32, can only be the last)")
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class InitialFormat:
+    wl: int = bounded(2, 32)
+    fl: int = bounded(0)
+
+    def __post_init__(self) -> None:
+        if self.fl > self.wl - 1:
+            raise not_allowed("method.initial.fl", self.fl, f"it must be an integer from 0 to method.initial.wl - 1 = "
+                              f"{self.wl - 1}")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A lower and an upper bound that AdaPT's switching adapts a value between."""
+
+    group: ClassVar[str]
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if self.high < self.low:
+            raise not_allowed(f"method.{self.group}.high", self.high, f"it must be an integer >= method.{self.group}.low "
+                              f"({self.low})")
+
+
+@dataclass(frozen=True)
+class Lookback(Span):
+    group = "lookback"
+    low: int = bounded(1)
+    high: int = bounded(1)
+    momentum: float = bounded(0, 1)
+
+
+@dataclass(frozen=True)
+class Resolution(Span):
+    group = "resolution"
+    low: int = bounded(2)
+    high: int = bounded(2)
+
+
+class Params(Choice):
+    ALL = "all"
+    WEIGHTS = "weights"
+
+
+class PushdownSearch(Choice):
+    REFERENCE = "reference"
+    RANGE = "range"
+    CURRENT = "current"
+
+
+class Pushup(Choice):
+    REFERENCE = "reference"
+    PAPER = "paper"
+
+
+class Strategy(Choice):
+    MIN = "min"
+    MEAN = "mean"
+    MAX = "max"
+
+
+@register_method("adapt", "qtrain.methods.adapt:AdaPT")
+@dataclass(frozen=True)
+class AdaPT(Float32, Priced):
+    initial: InitialFormat
+    grad: Precision
+    params: Params
+    buffer_bits: int = bounded(1, 31)
+    lookback: Lookback
+    resolution: Resolution
+    pushdown_search: PushdownSearch
+    kl_epsilon: float = bounded(0)
+    pushup: Pushup
+    strategy: Strategy
+    normalize_grads: bool
+    l2: float = bounded(0)
+    penalty: bool
+
+
+# ---- DYNASTY ----
+
+STATIC_BITS = choices.DYNASTY_STATIC_BITS
+
+
+Rounding = _choices("Rounding", choices.ROUNDINGS)  # how a format rounds onto its grid
+
+
+class Average(Choice):
+    MACS = "macs"  # weighted by each block's computation
+    BLOCKS = "blocks"
+
+
+class ActMap(Choice):
+    WEIGHT_GRADIENT = "weight_gradient"
+    FORWARD = "forward"
+
+
+@register_method("dynasty", "qtrain.methods.dynasty:Dynasty")
+@dataclass(frozen=True)
+class Dynasty(FloatEnds):
+    allocating = True
+    target_bits: float = bounded(0, low_open=True)
+    max_bits: int = bounded(1, STATIC_BITS)
+    levels: list[int] = bounded(0, STATIC_BITS)
+    initial_bits: int = bounded(0, STATIC_BITS)
+    smoothing: float = bounded(0, 1)
+    iterations: int = bounded(1)
+    weight_rounding: Rounding
+    act_rounding: Rounding
+    grad_rounding: Rounding
+    average: Average
+    act_map: ActMap
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.target_bits > self.max_bits:
+            raise not_allowed("method.target_bits", self.target_bits, f"it must be a number in (0, {self.max_bits}] "
+                              "(the average bit-width, at most method.max_bits)")
+        levels = list(self.levels)
+        if not levels or levels != sorted(set(levels)) or levels[-1] > self.max_bits:
+            raise not_allowed("method.levels", levels, "a non-empty ascending list of distinct integers from 0 to "
+                              f"method.max_bits ({self.max_bits})")
+        if self.initial_bits not in levels:
+            raise not_allowed("method.initial_bits", self.initial_bits, "it must be one of method.levels "
+                              f"({', '.join(map(str, levels))})")
+
+
+# ---- PFQ ----
+
+class Switch(Choice):
     AUTO = "auto"  # the loss indicator's turning points
     MANUAL = "manual"  # after manual_epochs
 
@@ -118,6 +369,7 @@ class Progressive(MethodConfig):
                               "the loss indicator's turning points: set method.switch=manual, or leave manual_epochs empty")
 
 
+@register_method("pfq", "qtrain.methods.pfq:PFQ")
 @dataclass(frozen=True)
 class PFQ(RangeLinear, FloatEnds, Progressive):
     fw: list[Bits]
@@ -135,27 +387,27 @@ class PFQ(RangeLinear, FloatEnds, Progressive):
 
 # ---- DFQ and FracTrain: gated blocks ----
 
-class CpScope(Enum):
+class CpScope(Choice):
     BLOCKS = "blocks"  # cp of the gated blocks
     MODEL = "model"  # of the whole model
 
 
-class CpWeights(Enum):
+class CpWeights(Choice):
     BLOCKS = "blocks"  # one each
     MACS = "macs"  # each block's MACs
 
 
-class Execution(Enum):
+class Execution(Choice):
     PER_SAMPLE = "per_sample"
     MIX_ALL = "mix_all"
 
 
-class SkipDownsample(Enum):
+class SkipDownsample(Choice):
     PROJECTION = "projection"
     NEVER = "never"
 
 
-class SkipCharge(Enum):
+class SkipCharge(Choice):
     NONE = "none"
     PROJECTION = "projection"
 
@@ -211,12 +463,13 @@ class Gated(RangeLinear):
                               "cp weighs every layer by its MACs (set method.cp_weights=macs)")
 
 
+@register_method("dfq", "qtrain.methods.dfq:DFQ")
 @dataclass(frozen=True)
 class DFQ(Gated):
     target_cp: float = bounded(0, 100, low_open=True)  # percent of float32
 
 
-class IndicatorLoss(Enum):
+class IndicatorLoss(Choice):
     TOTAL = "total"  # the task loss and the signed cost term
     TASK = "task"
 
@@ -226,6 +479,7 @@ def appendix_g_targets(cp_total: float, stages: int, step: float) -> list[float]
     return [cp_total + (i - (stages - 1) / 2) * step for i in range(stages)]
 
 
+@register_method("fractrain", "qtrain.methods.fractrain:FracTrain")
 @dataclass(frozen=True)
 class FracTrain(Gated, Progressive):
     cp_schedule: list[float] = bounded(0, 100, low_open=True)
@@ -249,216 +503,9 @@ class FracTrain(Gated, Progressive):
         super().__post_init__()
 
 
-# ---- float32, AdaPT and MuPPET ----
+# ---- CPT ----
 
-@dataclass(frozen=True)
-class Float32(MethodConfig):
-    """AdaPT's initialization and L1 term, which its float32 baselines share."""
-
-    init: Init
-    init_scale: float = bounded(0, low_open=True)
-    l1: float = bounded(0)
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A float32 baseline run of AdaPT's performance model (qtrain.cost.adapt_model); null: this run's value."""
-
-    batch_size: int | None = bounded(1)
-    accum_steps: int | None = bounded(1)
-    epochs: float | None = bounded(0, low_open=True)
-
-
-@dataclass(frozen=True)
-class Priced(MethodConfig):
-    """A method priced by AdaPT's performance model against the float32 baselines it names."""
-
-    performance_model: Any  # baseline name -> Baseline
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        key, baselines = "method.performance_model", self.performance_model
-        if not isinstance(baselines, DictConfig):
-            raise not_allowed(key, baselines, "it maps baseline names to {batch_size, accum_steps, epochs}")
-        for name, baseline in baselines.items():
-            if not isinstance(baseline, DictConfig) or set(baseline.keys()) != {f.name for f in fields(Baseline)}:
-                raise not_allowed(f"{key}.{name}", baseline, "a baseline has exactly batch_size, accum_steps and epochs "
-                                  "(null: this run's value)")
-            read(Baseline, baseline, f"{key}.{name}")
-
-
-@dataclass(frozen=True)
-class InitialFormat:
-    wl: int = bounded(2, 32)
-    fl: int = bounded(0)
-
-    def __post_init__(self) -> None:
-        if self.fl > self.wl - 1:
-            raise not_allowed("method.initial.fl", self.fl, f"it must be an integer from 0 to method.initial.wl - 1 = "
-                              f"{self.wl - 1}")
-
-
-@dataclass(frozen=True)
-class Span:
-    """A lower and an upper bound that AdaPT's switching adapts a value between."""
-
-    group: ClassVar[str]
-    low: int
-    high: int
-
-    def __post_init__(self) -> None:
-        if self.high < self.low:
-            raise not_allowed(f"method.{self.group}.high", self.high, f"it must be an integer >= method.{self.group}.low "
-                              f"({self.low})")
-
-
-@dataclass(frozen=True)
-class Lookback(Span):
-    group = "lookback"
-    low: int = bounded(1)
-    high: int = bounded(1)
-    momentum: float = bounded(0, 1)
-
-
-@dataclass(frozen=True)
-class Resolution(Span):
-    group = "resolution"
-    low: int = bounded(2)
-    high: int = bounded(2)
-
-
-class Params(Enum):
-    ALL = "all"
-    WEIGHTS = "weights"
-
-
-class PushdownSearch(Enum):
-    REFERENCE = "reference"
-    RANGE = "range"
-    CURRENT = "current"
-
-
-class Pushup(Enum):
-    REFERENCE = "reference"
-    PAPER = "paper"
-
-
-class Strategy(Enum):
-    MIN = "min"
-    MEAN = "mean"
-    MAX = "max"
-
-
-@dataclass(frozen=True)
-class AdaPT(Float32, Priced):
-    initial: InitialFormat
-    grad: Precision
-    params: Params
-    buffer_bits: int = bounded(1, 31)
-    lookback: Lookback
-    resolution: Resolution
-    pushdown_search: PushdownSearch
-    kl_epsilon: float = bounded(0)
-    pushup: Pushup
-    strategy: Strategy
-    normalize_grads: bool
-    l2: float = bounded(0)
-    penalty: bool
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """MuPPET's T(e) = base + scale * exp(-decay * e)."""
-
-    base: float = bounded(0)
-    scale: float = bounded(0)
-    decay: float = bounded(0)
-
-
-@dataclass(frozen=True)
-class Float32Lr:
-    """The float32 stage's learning-rate decay and stop."""
-
-    gamma: float = bounded(0, 1)
-    every: int = bounded(1)
-    decays: int | None = bounded(0)
-
-
-class DiversityInput(Enum):
-    REFERENCE = "reference"
-    WEIGHT_GRADS = "weight_grads"
-
-
-@dataclass(frozen=True)
-class MuPPET(Priced):
-    schedule: list[Bits] = bounded(2, 32)  # word lengths; 32: float32
-    resolution: int = bounded(2)  # epochs per window: the diversity of one gradient is always 1
-    patience: int = bounded(1)
-    threshold: Threshold
-    diversity_input: DiversityInput
-    grad: Precision
-    float32_lr: Float32Lr
-
-    def __post_init__(self) -> None:
-        schedule = list(self.schedule)
-        if not schedule or any(a >= b for a, b in zip(schedule, schedule[1:])):
-            raise not_allowed("method.schedule", schedule, "strictly increasing word lengths from 2 to 32, at least one "
-                              "(32, float32, can only be the last)")
-        super().__post_init__()
-
-
-# ---- DYNASTY ----
-
-STATIC_BITS = choices.DYNASTY_STATIC_BITS
-
-
-def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
-    """An Enum of the kernels' choices (:mod:`qtrain.quant.choices`), a member per value under its upper-case name."""
-    return Enum(name, {value.upper(): value for value in values})
-
-
-Rounding = _choices("Rounding", choices.ROUNDINGS)  # how a format rounds onto its grid
-
-
-class Average(Enum):
-    MACS = "macs"  # weighted by each block's computation
-    BLOCKS = "blocks"
-
-
-class ActMap(Enum):
-    WEIGHT_GRADIENT = "weight_gradient"
-    FORWARD = "forward"
-
-
-@dataclass(frozen=True)
-class Dynasty(FloatEnds):
-    allocating = True
-    target_bits: float = bounded(0, low_open=True)
-    max_bits: int = bounded(1, STATIC_BITS)
-    levels: list[int] = bounded(0, STATIC_BITS)
-    initial_bits: int = bounded(0, STATIC_BITS)
-    smoothing: float = bounded(0, 1)
-    iterations: int = bounded(1)
-    weight_rounding: Rounding
-    act_rounding: Rounding
-    grad_rounding: Rounding
-    average: Average
-    act_map: ActMap
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.target_bits > self.max_bits:
-            raise not_allowed("method.target_bits", self.target_bits, f"it must be a number in (0, {self.max_bits}] "
-                              "(the average bit-width, at most method.max_bits)")
-        levels = list(self.levels)
-        if not levels or levels != sorted(set(levels)) or levels[-1] > self.max_bits:
-            raise not_allowed("method.levels", levels, "a non-empty ascending list of distinct integers from 0 to "
-                              f"method.max_bits ({self.max_bits})")
-        if self.initial_bits not in levels:
-            raise not_allowed("method.initial_bits", self.initial_bits, "it must be one of method.levels "
-                              f"({', '.join(map(str, levels))})")
-
-
+@register_method("cpt", "qtrain.methods.cpt:CPT")
 @dataclass(frozen=True)
 class CPT(RangeLinear, FloatEnds):
     """CPT's cyclic forward precision between two bounds, its gradients at one precision."""
@@ -496,21 +543,22 @@ class ScaledLayers(MethodConfig):
     matmuls: LayerFormat
 
 
-class Fp8Element(Enum):
+class Fp8Element(Choice):
     E4M3 = "e4m3"  # max 448, no infinities
     E5M2 = "e5m2"  # max 57344, IEEE-like
 
 
-class Scaling(Enum):
+class Scaling(Choice):
     DELAYED = "delayed"  # from the amax history of earlier steps (Transformer Engine's DelayedScaling)
     CURRENT = "current"  # from this tensor's own amax
 
 
-class AmaxReduction(Enum):
+class AmaxReduction(Choice):
     MAX = "max"
     MOST_RECENT = "most_recent"
 
 
+@register_method("fp8", "qtrain.methods.fp8:FP8")
 @dataclass(frozen=True)
 class FP8(ScaledLayers):
     weight: Fp8Element
@@ -526,11 +574,12 @@ BlockFormat = _choices("BlockFormat", choices.BLOCK_FORMATS)
 ScaleRule = _choices("ScaleRule", choices.MX_SCALE_RULES)
 
 
-class WeightBlocks(Enum):
+class WeightBlocks(Choice):
     ONE_D = "1d"  # blocks along each GEMM's reduction dimension
     TWO_D = "2d"  # 16 x 16 tiles, the same in the weight and its transpose (NVFP4's recipe)
 
 
+@register_method("mx", "qtrain.methods.mx:MX")
 @dataclass(frozen=True)
 class MX(ScaledLayers):
     weight: BlockFormat
@@ -552,12 +601,6 @@ class MX(ScaledLayers):
         if self.hadamard_wgrad and BlockFormat.NVFP4 not in (self.act, self.grad):
             raise not_allowed("method.hadamard_wgrad", True, "the weight-gradient GEMM's Hadamard transform is NVFP4's "
                               "recipe: set method.act or method.grad to nvfp4, or hadamard_wgrad to false")
-
-
-# Every method by name, in the order the report lists them (qtrain.methods.METHODS holds their classes in it).
-METHODS: dict[str, type[MethodConfig]] = {"float32": Float32, "sbm": SBM, "muppet": MuPPET, "adapt": AdaPT,
-                                          "dynasty": Dynasty, "pfq": PFQ, "dfq": DFQ, "fractrain": FracTrain,
-                                          "cpt": CPT, "fp8": FP8, "mx": MX}
 
 
 def check_method(method: DictConfig) -> MethodConfig:

@@ -19,10 +19,10 @@ from collections import deque
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config import methods as schemas
 from qtrain.cost.adapt_model import LayerState
 from qtrain.methods.adapt_recipe import initialize, l1_norm
 from qtrain.methods.adapt_switching import (
@@ -87,15 +87,15 @@ class LayerSwitchState:
 
 
 class AdaPT(PricedByPerformanceModel):
-    name = "adapt"
+    cfg: schemas.AdaPT
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.AdaPT) -> None:
         super().__init__(cfg)
         self.model: nn.Module | None = None
         self.layers: dict[str, nn.Module] = {}
         self.params: list[tuple[nn.Parameter, str | None]] = []
         self.states: dict[str, LayerSwitchState] = {}
-        self.strategy: str = cfg.strategy
+        self.strategy: str = cfg.strategy.value  # adapted as it trains (adapt_strategy)
         self.losses: deque[float] = deque(maxlen=cfg.lookback.high)
         self.step_losses: list[torch.Tensor] = []
         self.switches, self.switch_seconds = 0, 0.0
@@ -104,7 +104,7 @@ class AdaPT(PricedByPerformanceModel):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         cfg = self.cfg
-        initialize(model, cfg.init, cfg.init_scale)
+        initialize(model, cfg.init.value, cfg.init_scale)
         start = Format(cfg.initial.wl, cfg.initial.fl)
         names = swap_layers(model, lambda name, layer: OperandQuantizers(
             weight=RoundedCopy(FixedPoint(start.wl, start.fl, "stochastic")),
@@ -126,7 +126,7 @@ class AdaPT(PricedByPerformanceModel):
         quantized layer met last before it in parameter order (the reference copies each 1-D
         parameter's format from the parameter before it).
         """
-        if self.cfg.params == "weights":
+        if self.cfg.params is schemas.Params.WEIGHTS:
             return [(layer.weight, name) for name, layer in self.layers.items()]
         # by identity, not by name: a weight tied to another module's (a Transformer's vocabulary projection and
         # its embedding) is listed once, under the name that comes first
@@ -199,7 +199,7 @@ class AdaPT(PricedByPerformanceModel):
         self.step_losses = []
         self._adapt_strategy(step_loss)
         keys: list[torch.Tensor | None] = [None] * len(self.params)
-        if cfg.grad == "quantized":  # rank 0's draws: every process rounds its (all-reduced, equal) gradients alike
+        if cfg.grad is schemas.Precision.QUANTIZED:  # rank 0's draws: every process rounds its (all-reduced) gradients alike
             keys = list(distributed.broadcast(torch.randint(-(1 << 31), 1 << 31, (len(keys),), dtype=torch.int32)))
         norms: dict[str, float] = {}
         for (param, owner), key in zip(self.params, keys):
@@ -222,7 +222,7 @@ class AdaPT(PricedByPerformanceModel):
             state = self.states[name]
             state.add(grad / norm if norm > 0 and not cfg.normalize_grads else grad, float(norm > 0))
             diversity = gradient_diversity_for(state.norm_sum, state.window.total_norm_sq(), state.window.count,
-                                               cfg.pushup)
+                                               cfg.pushup.value)
             state.lookback = adapt_lookback(state.lookback, diversity, cfg.lookback.low, cfg.lookback.high,
                                             cfg.lookback.momentum)
             state.resolution = adapt_resolution(state.resolution, state.lookback, cfg.lookback.low, cfg.lookback.high,
@@ -244,9 +244,9 @@ class AdaPT(PricedByPerformanceModel):
         start = time.perf_counter()
         # rank 0's search: its stochastic rounding draws from each process's own stream
         minimal = distributed.broadcast(pushdown(self.layers[name].weight, state.format, state.resolution,
-                                                 cfg.kl_epsilon, search=cfg.pushdown_search))
-        s = increase(diversity, minimal.fl, self.strategy, cfg.pushup)
-        state.format = pushup(minimal, s, cfg.buffer_bits, cfg.pushup)
+                                                 cfg.kl_epsilon, search=cfg.pushdown_search.value))
+        s = increase(diversity, minimal.fl, self.strategy, cfg.pushup.value)
+        state.format = pushup(minimal, s, cfg.buffer_bits, cfg.pushup.value)
         state.clear()
         self._apply(name)
         self.switch_seconds += time.perf_counter() - start

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
+from qtrain.config.methods import MethodConfig
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.precision import PrecisionRecord
 
@@ -51,11 +51,14 @@ class StepInfo:
 class Method:
     """Float32 training: no quantization, every operand charged 32 bits."""
 
-    name = "float32"
     skips_layers = False  # whether a forward may leave some parameters unused (DDP must then look for them)
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: MethodConfig) -> None:
+        self.cfg = cfg  # read and checked against its schema (qtrain.config.methods)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Swap layers for quantized ones, add gates; called once before the optimizer is built."""

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from qtrain.config.methods import check_method
+from qtrain.config import methods as schemas
 from qtrain.methods.base import RunFacts, StepInfo
 from qtrain.methods.sbm import SBM, fw_bw, held_depthwise_bits, uniform_record
 from qtrain.precision import Bits
@@ -43,9 +42,9 @@ def steps_per_epoch(facts: RunFacts) -> int:
 
 
 class CPT(SBM):
-    name = "cpt"
+    cfg: schemas.CPT
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.CPT) -> None:
         super().__init__(cfg)
         self.steps_taken = 0
         self.total_steps = 0
@@ -62,7 +61,7 @@ class CPT(SBM):
 
     def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
         per_epoch = steps_per_epoch(facts)
-        check_method(self.cfg).check_steps_per_epoch(per_epoch, exact=True)
+        self.cfg.check_steps_per_epoch(per_epoch, exact=True)
         self.total_steps = self.cfg.epochs * per_epoch
         self.period = cycle_period(self.total_steps, self.cfg.cycles)
 

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config import methods as schemas
 from qtrain.config.methods import gate_options
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
@@ -32,10 +32,10 @@ from qtrain.quant.quantizers import RangeLinear
 
 
 class DFQ(Method):
-    name = "dfq"
+    cfg: schemas.DFQ
     skips_layers = True
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.DFQ) -> None:
         super().__init__(cfg)
         options = gate_options(cfg.options)
         self.has_skip = options[0] == (0, 0)
@@ -72,7 +72,7 @@ class DFQ(Method):
         for name, block in [(n, m) for n, m in model.named_modules() if isinstance(m, Block)]:
             in_channels = next(m for m in block.modules() if isinstance(m, nn.Conv2d)).in_channels
             gated = GatedBlock(block, in_channels, self.controller, cfg.gate.width, cfg.gate.embed, self.has_skip,
-                               cfg.skip_downsample == "projection", cfg.execution).to(device)
+                               cfg.skip_downsample is schemas.SkipDownsample.PROJECTION, cfg.execution.value).to(device)
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, gated)
             self.blocks.append(gated)
@@ -85,7 +85,7 @@ class DFQ(Method):
 
         def float32_projection(name: str) -> bool:
             i = block_of(name)
-            return (cfg.projection == "float32" and i is not None
+            return (cfg.projection is schemas.Precision.FLOAT32 and i is not None
                     and name == f"{names[i]}.block.{self.blocks[i].block.projection_name}")
 
         def quantizers(name: str, layer: nn.Module) -> Any:
@@ -108,7 +108,7 @@ class DFQ(Method):
             projection = f"{names[i]}.block.{gated.block.projection_name}" if gated.skip_by_projection else None
             self.skip_layers.append(projection)
         in_blocks = {n for layers in self.block_layers for n, _ in layers}
-        if cfg.execution == "per_sample":  # one running-range and batch-norm update a step for the reference's K
+        if cfg.execution is schemas.Execution.PER_SAMPLE:  # one running-range and batch-norm update a step for the reference's K
             runs = len(self.run_options)
             for name in in_blocks:
                 model.get_submodule(name).quant.act.momentum = float(cfg.act_momentum) ** runs
@@ -147,17 +147,17 @@ class DFQ(Method):
         rows, block_macs = [], []
         for layers, projection in zip(self.block_layers, self.skip_layers):
             row = [sum(macs[n] * sum(bits[k].gemm_fractions()) for n, bits in layers) for k in range(len(self.run_options))]
-            charged = projection is not None and self.cfg.skip_charge == "projection"
+            charged = projection is not None and self.cfg.skip_charge is schemas.SkipCharge.PROJECTION
             skip = [3.0 * macs[projection] if charged else 0.0] * self.has_skip
             rows.append(skip + row)
             block_macs.append(sum(macs[n] for n, _ in layers))
         costs = torch.tensor(rows, dtype=torch.float64)  # effective MACs per sample
         block_macs = torch.tensor(block_macs, dtype=torch.float64).unsqueeze(1)
         # each block's weight in cp and the cost term: one each (the reference) or its MACs (the paper's cost)
-        weights = block_macs if self.cfg.cp_weights == "macs" else torch.ones_like(block_macs)
+        weights = block_macs if self.cfg.cp_weights is schemas.CpWeights.MACS else torch.ones_like(block_macs)
         relative = costs / block_macs  # a block's cost at each option in its own float32 forward MACs
         in_blocks = {n for layers in self.block_layers for n, _ in layers}
-        if self.cfg.cp_scope == "blocks":
+        if self.cfg.cp_scope is schemas.CpScope.BLOCKS:
             cost_cp, fixed = relative * weights * (100.0 / (3.0 * weights.sum())), 0.0
         else:
             float32 = 3.0 * sum(macs.values())

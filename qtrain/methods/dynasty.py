@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config import methods as schemas
 from qtrain.methods import dynasty_map
 from qtrain.methods.base import Method, RunFacts
 from qtrain.methods.sbm import float_ends
@@ -32,12 +32,12 @@ OPERANDS = ("weight", "act")
 
 
 class Dynasty(Method):
-    name = "dynasty"
+    cfg: schemas.Dynasty
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.Dynasty) -> None:
         super().__init__(cfg)
         self.levels = tuple(cfg.levels)
-        self.act_in_forward = cfg.act_map == "forward"
+        self.act_in_forward = cfg.act_map is schemas.ActMap.FORWARD
         self.layers: dict[str, OperandQuantizers] = {}
         self.macs: dict[str, int] = {}
         self.batch_size = 0
@@ -58,9 +58,9 @@ class Dynasty(Method):
             if name in keep_float:
                 return None
             dims = operand_dims(layer)  # batch x channels of the activation and grad_output
-            weight = WeightMap(cfg.weight_rounding, cfg.initial_bits)
-            act = ActivationMap(cfg.act_rounding, cfg.initial_bits, dims, in_forward=self.act_in_forward)
-            grad = BlockFloatingPoint(STATIC_BITS, cfg.grad_rounding, block=BLOCK, dims=dims)
+            weight = WeightMap(cfg.weight_rounding.value, cfg.initial_bits)
+            act = ActivationMap(cfg.act_rounding.value, cfg.initial_bits, dims, in_forward=self.act_in_forward)
+            grad = BlockFloatingPoint(STATIC_BITS, cfg.grad_rounding.value, block=BLOCK, dims=dims)
             return OperandQuantizers(weight=weight, act=act, grad=grad, observer=Sensitivity(weight, act))
 
         swapped = swap_layers(model, quantizers)
@@ -151,7 +151,7 @@ class Dynasty(Method):
         sensitivities = distributed.sum_(torch.cat([q.sensitivity for _, _, q in operands]))
         r = dynasty_map.relative_sensitivity(sensitivities, weight)
         alpha, beta = float(cfg.target_bits), float(cfg.max_bits)
-        held = dynasty_map.average_weights(weight, cfg.average)  # the average Algorithm 1 holds at alpha
+        held = dynasty_map.average_weights(weight, cfg.average.value)  # the average Algorithm 1 holds at alpha
         start = self.lam if self.lam is not None else dynasty_map.first_lambda(r, held, alpha)
         self.lam = dynasty_map.tune_lambda(start, r, held, alpha, beta, cfg.iterations)
         new = dynasty_map.bit_widths(r, self.lam, beta)

@@ -9,22 +9,22 @@ See docs/methods/float32.md.
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.methods.adapt_recipe import initialize, l1_norm
 from qtrain.methods.base import Method, StepInfo
 
 
 class Float32(Method):
-    name = "float32"
+    cfg: schemas.Float32
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.Float32) -> None:
         super().__init__(cfg)
         self.params: list[nn.Parameter] = []
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        initialize(model, self.cfg.init, self.cfg.init_scale)
+        initialize(model, self.cfg.init.value, self.cfg.init_scale)
         self.params = list(model.parameters())
         return model
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.methods.scaled import ScaledFormats
 from qtrain.quant.layers import MatMul
 from qtrain.quant.scaled_gemm import ScaledOperands
@@ -16,11 +17,12 @@ from qtrain.quant.scaled_quantizers import TensorScaledFP8
 
 
 class FP8(ScaledFormats):
-    name = "fp8"
+    cfg: schemas.FP8
 
-    def _quantizer(self, element: str) -> TensorScaledFP8:
+    def _quantizer(self, element: schemas.Fp8Element) -> TensorScaledFP8:
         cfg = self.cfg
-        return TensorScaledFP8(element, cfg.scaling, cfg.margin, cfg.amax_history_len, cfg.amax_compute_algo)
+        return TensorScaledFP8(element.value, cfg.scaling.value, cfg.margin, cfg.amax_history_len,
+                               cfg.amax_compute_algo.value)
 
     def operands(self, layer: nn.Module) -> ScaledOperands:
         cfg = self.cfg

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
-
+from qtrain.config import methods as schemas
 from qtrain.config.methods import appendix_g_targets
 from qtrain.methods.dfq import DFQ
 from qtrain.methods.progressive import StageSchedule
 
 
 class FracTrain(DFQ):
-    name = "fractrain"
+    cfg: schemas.FracTrain
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.FracTrain) -> None:
         super().__init__(cfg)
         self.targets = [float(t) for t in cfg.cp_schedule]
         if cfg.cp_total is not None:
             self.targets = appendix_g_targets(cfg.cp_total, len(self.targets), cfg.cp_step)
         self.schedule = StageSchedule(len(self.targets), cfg,
-                                      "train_objective" if cfg.indicator_loss == "total" else "train_loss")
+                                      "train_objective" if cfg.indicator_loss is schemas.IndicatorLoss.TOTAL else "train_loss")
 
     def target_cp(self) -> float:
         return self.targets[self.schedule.stage]

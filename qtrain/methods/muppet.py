@@ -16,10 +16,10 @@ import math
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from qtrain import distributed
+from qtrain.config import methods as schemas
 from qtrain.cost.adapt_model import LayerState
 from qtrain.methods.base import RunFacts, StepInfo
 from qtrain.methods.diversity import DiversityWindow
@@ -72,9 +72,9 @@ class DiversityPolicy:
 
 
 class MuPPET(PricedByPerformanceModel):
-    name = "muppet"
+    cfg: schemas.MuPPET
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.MuPPET) -> None:
         super().__init__(cfg)
         self.policy = DiversityPolicy(cfg.patience, cfg.threshold.base, cfg.threshold.scale, cfg.threshold.decay)
         self.stage = 0
@@ -98,7 +98,7 @@ class MuPPET(PricedByPerformanceModel):
         wl = self.word_length
         if wl == 32:
             return OperandQuantizers()
-        grad = DynamicFixedPoint(wl) if self.cfg.grad == "quantized" else None
+        grad = DynamicFixedPoint(wl) if self.cfg.grad is schemas.Precision.QUANTIZED else None
         weight = DensityTracked(DynamicFixedPoint(wl)) if weighted else DynamicFixedPoint(wl)
         return OperandQuantizers(weight=weight, act=DynamicFixedPoint(wl), grad=grad)
 
@@ -113,7 +113,7 @@ class MuPPET(PricedByPerformanceModel):
 
     def _diversity_params(self) -> dict[str, nn.Parameter]:
         """The parameters whose gradients the diversity takes, by name."""
-        if self.cfg.diversity_input == "reference":
+        if self.cfg.diversity_input is schemas.DiversityInput.REFERENCE:
             return dict(self.model.named_parameters())
         return {name: layer.weight for name, layer in self.layers.items()}
 
@@ -144,7 +144,7 @@ class MuPPET(PricedByPerformanceModel):
     def after_backward(self, info: StepInfo) -> None:
         if self.word_length == 32:
             return
-        reference = self.cfg.diversity_input == "reference"
+        reference = self.cfg.diversity_input is schemas.DiversityInput.REFERENCE
         for name, param in self._diversity_params().items():
             if param.grad is None:
                 continue
@@ -156,7 +156,7 @@ class MuPPET(PricedByPerformanceModel):
     def _diversity_input(self, name: str) -> torch.Tensor:
         """The gradient of ``name`` that the diversity takes from the epoch's last step."""
         grad = self.last_grads[name]
-        if self.cfg.diversity_input == "weight_grads":
+        if self.cfg.diversity_input is schemas.DiversityInput.WEIGHT_GRADS:
             return grad
         rounded = dynamic_fixed_point(grad, self.word_length, "stochastic")[0]
         return rounded + self.weight_decay[name] * self.last_weights[name] if name in self.last_weights else rounded

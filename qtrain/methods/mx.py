@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.methods.scaled import ScaledFormats
 from qtrain.quant.layers import MatMul
 from qtrain.quant.scaled_gemm import ScaledOperands
@@ -18,14 +19,15 @@ from qtrain.quant.scaled_quantizers import BlockScaled
 
 
 class MX(ScaledFormats):
-    name = "mx"
+    cfg: schemas.MX
 
     def operands(self, layer: nn.Module) -> ScaledOperands:
         cfg = self.cfg
         if isinstance(layer, MatMul):  # the second operand is an activation, in the activations' format
-            weight = BlockScaled(cfg.act, scale_rule=cfg.scale_rule)
+            weight = BlockScaled(cfg.act.value, scale_rule=cfg.scale_rule.value)
         else:
-            weight = BlockScaled(cfg.weight, two_d=cfg.weight_blocks == "2d", scale_rule=cfg.scale_rule)
-        return ScaledOperands(weight, BlockScaled(cfg.act, scale_rule=cfg.scale_rule),
-                              BlockScaled(cfg.grad, rounding=cfg.grad_rounding, scale_rule=cfg.scale_rule),
+            weight = BlockScaled(cfg.weight.value, two_d=cfg.weight_blocks is schemas.WeightBlocks.TWO_D,
+                                 scale_rule=cfg.scale_rule.value)
+        return ScaledOperands(weight, BlockScaled(cfg.act.value, scale_rule=cfg.scale_rule.value),
+                              BlockScaled(cfg.grad.value, rounding=cfg.grad_rounding.value, scale_rule=cfg.scale_rule.value),
                               hadamard_wgrad=cfg.hadamard_wgrad)

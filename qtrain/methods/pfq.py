@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
-
+from qtrain.config import methods as schemas
 from qtrain.methods.progressive import StageSchedule
 from qtrain.methods.sbm import SBM, fw_bw, uniform_record
 from qtrain.precision import Bits
 
 
 class PFQ(SBM):
-    name = "pfq"
+    cfg: schemas.PFQ
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.PFQ) -> None:
         super().__init__(cfg)
         self.schedule = StageSchedule(len(cfg.fw), cfg)
 

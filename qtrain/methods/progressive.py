@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig
+from qtrain.config import methods as schemas
 
 
 class LossIndicator:
@@ -58,10 +58,10 @@ class LossIndicator:
 
 class StageSchedule:
     """The current stage of ``stages``; ``cfg`` holds switch, epsilon, alpha, window, scale_epochs, manual_epochs
-    (checked by the schema's :class:`qtrain.config.methods.Progressive`)."""
+    (its schema, :class:`qtrain.config.methods.Progressive`)."""
 
-    def __init__(self, stages: int, cfg: DictConfig, loss: str = "train_loss") -> None:
-        self.stages, self.manual = stages, cfg.switch == "manual"
+    def __init__(self, stages: int, cfg: schemas.Progressive, loss: str = "train_loss") -> None:
+        self.stages, self.manual = stages, cfg.switch is schemas.Switch.MANUAL
         self.manual_epochs = list(cfg.manual_epochs or [])
         self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.window, cfg.scale_epochs)
         self.loss = loss  # the metrics.csv column the indicator reads

@@ -11,25 +11,26 @@ Defaults, their sources and every departure from the paper and the reference cod
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.methods.base import Method
 from qtrain.precision import Bits, LayerPrecision, PrecisionRecord
 from qtrain.quant.layers import MatMul, OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
 
 
-def float_ends(cfg: DictConfig, names: list[str]) -> set[str]:
+def float_ends(cfg: schemas.FloatEnds, names: list[str]) -> set[str]:
     """Which of the first and last of ``names`` (the Conv2d/Linear layers) ``first_layer``/``last_layer`` keep in float32."""
-    return {name for name, key in ((names[0], "first_layer"), (names[-1], "last_layer")) if cfg[key] == "float32"}
+    ends = ((names[0], cfg.first_layer), (names[-1], cfg.last_layer))
+    return {name for name, precision in ends if precision is schemas.Precision.FLOAT32}
 
 
 def is_depthwise(layer: nn.Module) -> bool:
     return isinstance(layer, nn.Conv2d) and layer.groups > 1 and layer.groups == layer.in_channels
 
 
-def held_depthwise_bits(layer: nn.Module, cfg: DictConfig) -> Bits | None:
+def held_depthwise_bits(layer: nn.Module, cfg: schemas.RangeLinear) -> Bits | None:
     """The bits ``cfg.depthwise_bits`` holds ``layer`` at, or None where it is not a held depthwise conv."""
     held = cfg.depthwise_bits
     return fw_bw(held.fw, held.bw) if held is not None and is_depthwise(layer) else None
@@ -40,7 +41,7 @@ def fw_bw(fw: int, bw: int) -> Bits:
     return Bits(fw, fw, bw, bw)
 
 
-def range_linear_quantizers(bits: Bits, cfg: DictConfig, layer: nn.Module | None = None) -> OperandQuantizers:
+def range_linear_quantizers(bits: Bits, cfg: schemas.RangeLinear, layer: nn.Module | None = None) -> OperandQuantizers:
     """SBM's quantizers at ``bits``; a separate weight-gradient quantizer only where its bits differ.
 
     A :class:`~qtrain.quant.layers.MatMul`'s second operand, in the weight's place, is an activation:
@@ -49,9 +50,9 @@ def range_linear_quantizers(bits: Bits, cfg: DictConfig, layer: nn.Module | None
     second_is_activation = isinstance(layer, MatMul)
     bifurcated = bits.grad_weight != bits.grad and not second_is_activation
     return OperandQuantizers(
-        weight=(RangeLinear(int(bits.weight), cfg.act_range, "nearest", momentum=float(cfg.act_momentum))
+        weight=(RangeLinear(int(bits.weight), cfg.act_range.value, "nearest", momentum=float(cfg.act_momentum))
                 if second_is_activation else RangeLinear(int(bits.weight), "channel", "nearest")),
-        act=RangeLinear(int(bits.act), cfg.act_range, "nearest", momentum=float(cfg.act_momentum)),
+        act=RangeLinear(int(bits.act), cfg.act_range.value, "nearest", momentum=float(cfg.act_momentum)),
         grad=RangeLinear(int(bits.grad), "tensor", "stochastic"),
         grad_weight=RangeLinear(int(bits.grad_weight), "tensor", "stochastic") if bifurcated else None,
     )
@@ -63,9 +64,9 @@ def uniform_record(model: nn.Module, names: list[str]) -> PrecisionRecord:
 
 
 class SBM(Method):
-    name = "sbm"
+    cfg: schemas.SBM
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.SBM) -> None:
         super().__init__(cfg)
         self.model: nn.Module | None = None
         self.swapped: list[str] = []

@@ -7,9 +7,9 @@ amortized scale bits, and tells the hardware models the widths they multiply.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
 from torch import nn
 
+from qtrain.config import methods as schemas
 from qtrain.methods.base import Method
 from qtrain.precision import LayerPrecision, PrecisionRecord
 from qtrain.quant.choices import SCALED_LAYER_FORMATS
@@ -21,19 +21,19 @@ from qtrain.quant.scaled_quantizers import Bfloat16
 class ScaledFormats(Method):
     """Base class: a subclass says which quantizers a layer's operands get (:meth:`operands`)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: schemas.ScaledLayers) -> None:
         super().__init__(cfg)
         self.operand_quantizers: dict[str, ScaledOperands] = {}  # of each swapped layer, by name
 
     def operands(self, layer: nn.Module) -> ScaledOperands:
         raise NotImplementedError
 
-    def layer_formats(self, model: nn.Module) -> dict[str, str]:
+    def layer_formats(self, model: nn.Module) -> dict[str, schemas.LayerFormat]:
         """Each Conv2d, Linear and MatMul's ``quantized``, ``bf16`` or ``float32`` (a network of one such layer
         takes the wider of ``first_layer`` and ``last_layer``)."""
         cfg, wider = self.cfg, lambda *formats: max(formats, key=SCALED_LAYER_FORMATS.index)
         layers = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        formats = {name: "quantized" for name in layers}
+        formats = {name: schemas.LayerFormat.QUANTIZED for name in layers}
         formats[layers[0]] = cfg.first_layer
         formats[layers[-1]] = wider(formats[layers[-1]], cfg.last_layer)
         formats.update({n: cfg.matmuls for n, m in model.named_modules() if isinstance(m, MatMul)})
@@ -43,9 +43,9 @@ class ScaledFormats(Method):
         formats = self.layer_formats(model)
 
         def quantizers(name: str, layer: nn.Module) -> ScaledOperands | None:
-            if formats[name] == "bf16":
+            if formats[name] is schemas.LayerFormat.BF16:
                 return ScaledOperands(Bfloat16(), Bfloat16(), Bfloat16())
-            return self.operands(layer) if formats[name] == "quantized" else None
+            return self.operands(layer) if formats[name] is schemas.LayerFormat.QUANTIZED else None
 
         swapped = swap_layers(model, quantizers, matmuls=True)
         self.operand_quantizers = {name: model.get_submodule(name).quant for name in swapped}
