@@ -242,7 +242,7 @@ class _EpochEnd:
 
     def __call__(self, progress: Progress) -> None:
         method = self.trainer.method
-        self.precision_log.extend(method.drain_switch_rows())
+        self.precision_log.extend(method.drain_event_rows())
         self.precision_log.extend(precision_rows(progress.epoch, progress.step, self.trainer.epoch_precision.record(),
                                                  self.layers, method.layer_columns()))
         rank_rngs = distributed.all_gather(rng_state()) if distributed.active() else None

@@ -339,12 +339,12 @@ def test_adapt_normalizes_each_layer_gradient_and_switches_when_the_window_is_fu
         for layer in method.layers.values():
             assert layer.weight.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
         model.zero_grad()
-    rows = method.drain_switch_rows()
+    rows = method.drain_event_rows()
     assert len(rows) == len(method.layers) and method.switches == len(method.layers)
     for row in rows:  # PushUp adds s >= 1 to PushDown's minimum, and the 8 buffer bits
         assert row["fl"] >= row["fl_min"] + 1 and row["wl"] == max(row["fl"] + 8, row["wl_min"])
         assert method.states[row["layer"]].window.count == 0
-    assert method.drain_switch_rows() == []
+    assert method.drain_event_rows() == []
 
 
 @pytest.mark.parametrize("override,message", [

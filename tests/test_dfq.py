@@ -415,7 +415,7 @@ def test_fractrain_raises_its_target_at_each_turning_point(tmp_path):
     assert metrics["stage"].tolist() == [0, 1] and metrics["target_cp"].tolist() == [1.5, 4.0]
     # the objective the indicator reads (the reference's): the task loss plus the signed cost term
     assert metrics["train_objective"].tolist() == pytest.approx((metrics["train_loss"] + metrics["cost_term"]).tolist())
-    shares = pd.read_csv(tmp_path / "precision.csv").query("layer == 'layer1.1.block.conv1'")
+    shares = pd.read_csv(tmp_path / "precision.csv").query("layer == 'layer1.1.block.conv1' and event == 'epoch'")
     assert shares.groupby("epoch")["share"].sum().le(1 + 1e-9).all()
 
 
@@ -690,3 +690,55 @@ def test_mobilenetv2_block_batch_norms_see_the_whole_batch_at_1x1(monkeypatch):
     loss.backward()
     assert torch.isfinite(loss) and any(block.skip and not block.mask_skip for block in gated)
     assert rows and set(rows) == {2}  # two values a channel at 1x1: the batch's statistics are defined
+
+
+def _eval_rows(dfq):
+    dfq.end_epoch(0, {"step": 1})
+    return pd.DataFrame(dfq.drain_event_rows())
+
+
+def test_evaluation_records_the_options_the_gates_chose_on_its_samples():
+    """gates_eval rows: each block's share of the evaluated samples at each option, counted from the hard gates of
+    the evaluation's forward passes; a profile's forced choices and training batches are not counted."""
+    torch.manual_seed(0)
+    dfq, net, _ = _prepared(OPTIONS)
+    assert _eval_rows(dfq).empty  # the profile ran in eval mode, forced to the widest option
+    net.train()
+    net(torch.randn(8, 3, 8, 8))
+    assert _eval_rows(dfq).empty  # training batches are the epoch rows' business
+    net.eval()
+    chosen = []
+    for _ in range(2):  # two evaluation batches of 8 and 4 samples
+        net(torch.randn(8, 3, 8, 8) * 3)
+        chosen.append([b.gates.argmax(1) for b in dfq.blocks])
+        net(torch.randn(4, 3, 8, 8))
+        chosen.append([b.gates.argmax(1) for b in dfq.blocks])
+    rows = _eval_rows(dfq)
+    assert set(rows.event) == {"gates_eval"} and set(rows.epoch) == {1}
+    names = [name for layers in dfq.block_layers for name, _ in layers]
+    for b, layers in enumerate(dfq.block_layers):
+        picks = torch.cat([batch[b] for batch in chosen])
+        assert len(picks) == 24
+        conv1 = next(name for name, _ in layers if name.endswith("conv1"))
+        mine = rows[rows.layer == conv1].set_index("act_bits").share
+        shares = [1.0 - mine.sum(), mine.get(2, 0.0), mine.get(4, 0.0)]  # skip (no row), FW-2, FW-4
+        assert shares == pytest.approx([(picks == k).sum().item() / 24 for k in range(3)], abs=1e-12), conv1
+    assert len({tuple(torch.cat([batch[b] for batch in chosen]).tolist()) for b in range(9)}) > 1  # not all alike
+    assert set(rows.layer) <= set(names)
+    assert _eval_rows(dfq).empty  # read once
+
+
+def test_a_runs_precision_file_holds_each_evaluations_gate_shares(tmp_path):
+    from qtrain.report.reference import _block_shares
+    from qtrain.report.runs import find_runs
+
+    run(make_config("method=dfq", *TINY), tmp_path)
+    precision = pd.read_csv(tmp_path / "precision.csv")
+    evaluated = precision[precision.event == "gates_eval"]
+    assert sorted(set(evaluated.epoch)) == [1, 2]
+    per_layer = evaluated.groupby(["epoch", "layer"]).share.sum()
+    assert ((per_layer > 0) & (per_layer <= 1 + 1e-9)).all()
+    (found,) = find_runs([tmp_path])
+    shares, of = _block_shares(found, 2)
+    assert of == "evaluation" and len(shares) == 9
+    assert shares.sum(axis=1).tolist() == pytest.approx([1.0] * 9)

@@ -167,3 +167,22 @@ def test_a_downsampling_block_skipped_by_every_sample_in_its_first_epoch_is_read
     # epoch 1 was not evaluated (train.eval_every): its test accuracy is no difference of the table's
     summary = _section(text, "Against the reference ref: the differences from epoch 1").set_index("figure")
     assert summary.loc["test_acc", "epochs"] == "2-2" and float(summary.loc["test_acc", "mean"]) == pytest.approx(2.0)
+
+
+def test_gate_shares_are_the_evaluations_where_the_run_records_them(tmp_path):
+    """A run with gates_eval rows is compared by its evaluation's shares (the logs' kind), not its training mean."""
+    training = _precision(3, [[(4, 6, 0.9)], [(4, 6, 0.2)]])
+    evaluation = [{**row, "event": "gates_eval"} for row in _precision(3, [[(6, 8, 0.25)], [(4, 6, 0.4), (6, 8, 0.6)]])]
+    fake_run(tmp_path / "runs", "dfq", "dfq", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], model="resnet38", data="cifar10",
+             precision=[{**row, "event": "epoch"} for row in training] + evaluation)
+    reference = tmp_path / "ref.csv"
+    pd.DataFrame(REFERENCE).to_csv(reference, index=False)
+    pd.DataFrame({"epoch": [3, 3], "block": [0, 1], "opt0_skip": [0.7, 0.0], "opt1_fw4_bw6": [0.3, 0.6],
+                  "opt2_fw6_bw8": [0.0, 0.4]}).to_csv(tmp_path / "ref_gates.csv", index=False)
+    text = report([str(tmp_path / "runs"), "--reference", str(reference)])
+    shares = _section(text, "Against the reference ref: each gated block's most chosen option")
+    assert shares["ours: of"].tolist() == ["evaluation"] * 2
+    # block 0: the evaluation skips 75 % (training: 10 %); block 1: FW6/BW8 60 %, FW4/BW6 40 % (training: FW4/BW6)
+    assert shares["ours: most chosen"].tolist() == ["skipped", "FW6/BW8"]
+    assert shares["share"].astype(float).tolist() == pytest.approx([0.75, 0.6])
+    assert shares["share diff (reference's option)"].astype(float).tolist() == pytest.approx([0.75 - 0.7, 0.4 - 0.6])

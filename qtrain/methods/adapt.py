@@ -265,7 +265,7 @@ class AdaPT(PricedByPerformanceModel):
         return {name: {"wl": s.format.wl, "fl": s.format.fl, "lookback": s.lookback, "resolution": s.resolution}
                 for name, s in self.states.items()}
 
-    def drain_switch_rows(self) -> list[dict[str, Any]]:
+    def drain_event_rows(self) -> list[dict[str, Any]]:
         rows, self.switch_rows = self.switch_rows, []
         return rows
 

@@ -105,8 +105,9 @@ class Method:
         """Extra precision.csv columns of each layer's epoch rows (its state at the epoch's end)."""
         return {}
 
-    def drain_switch_rows(self) -> list[dict[str, Any]]:
-        """precision.csv rows of the precision switches since the last call (``event: switch``)."""
+    def drain_event_rows(self) -> list[dict[str, Any]]:
+        """precision.csv rows of the method's events since the last call (AdaPT's ``switch``, DYNASTY's ``bitmap``,
+        DFQ's ``gates_eval``)."""
         return []
 
     def report(self, epochs: int) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class DFQ(Method):
         self.fixed_cp = 0.0
         self._record: PrecisionRecord = {}
         self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
+        self._event_rows: list[dict[str, Any]] = []
 
     def target_cp(self) -> float:
         """The cp (percent of float32, over ``cp_scope``) the controller steers to now."""
@@ -133,6 +134,7 @@ class DFQ(Method):
             self.controller.forced = None
             for b, execution in zip(self.blocks, executions):
                 b.execution = execution
+                b.eval_choices = None  # a profile's forced choices are no evaluation
 
     def operand_sizes(self, model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
         """Every block running, as in :meth:`profile`: in evaluation a block runs only the samples its gate does
@@ -208,3 +210,24 @@ class DFQ(Method):
         metrics["target_cp"] = self.target_cp()
         metrics["cost_term"] = self._term_sum / self._samples if self._samples else float("nan")
         self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
+        self._record_evaluation(epoch, metrics.get("step"))
+
+    def _record_evaluation(self, epoch: int, step: int | None) -> None:
+        """precision.csv rows (``event: gates_eval``) of the options each block's gate chose for the samples of the
+        epoch's evaluation, as shares of them: the eval-mode choices on the test split that the reference's logs
+        give per epoch, beside the training epoch's mean shares of the epoch rows."""
+        if any(block.eval_choices is None for block in self.blocks):
+            return  # not evaluated this epoch
+        counts = distributed.sum_(torch.stack([block.eval_choices for block in self.blocks]).double())
+        for block in self.blocks:
+            block.eval_choices = None
+        record = self._step_record((counts / counts.sum(1, keepdim=True)).flatten().tolist())
+        self._event_rows += [
+            {"epoch": epoch + 1, "step": step, "layer": name, "event": "gates_eval", "format": record[name].fmt,
+             "share": share, "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
+             "grad_weight_bits": bits.grad_weight}
+            for layers in self.block_layers for name, _ in layers for share, bits in record[name].options]
+
+    def drain_event_rows(self) -> list[dict[str, Any]]:
+        rows, self._event_rows = self._event_rows, []
+        return rows

@@ -185,7 +185,7 @@ class Dynasty(Method):
                          **{f"share_{b}bit": shares.get(b, 0.0) for b in self.levels}})
         return rows
 
-    def drain_switch_rows(self) -> list[dict[str, Any]]:
+    def drain_event_rows(self) -> list[dict[str, Any]]:
         rows, self._rows = self._rows, []
         return rows
 

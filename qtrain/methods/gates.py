@@ -98,6 +98,7 @@ class GatedBlock(nn.Module):
         self.mask_skip = has_skip and not block.identity and not self.skip_by_projection
         self.execution = execution
         self.gates: torch.Tensor | None = None  # (N, options) straight-through gates of the last forward
+        self.eval_choices: torch.Tensor | None = None  # (options,) samples that took each option in evaluation
         self.option_layers: list[nn.Module] = []  # the layers whose bits follow the option
         self.option_bits: torch.Tensor | None = None  # (run options, 2): activation and gradient bits
 
@@ -113,6 +114,9 @@ class GatedBlock(nn.Module):
             logits = torch.cat([torch.full_like(logits[:, :1], -torch.inf), logits[:, 1:]], 1)
         probs = logits.softmax(1)
         choice = self.choose(probs)
+        if not self.training:  # what the gates choose in evaluation, as the reference's logs record them
+            counts = torch.bincount(choice, minlength=probs.shape[1])
+            self.eval_choices = counts if self.eval_choices is None else self.eval_choices + counts
         # exactly one-hot in the forward pass, the softmax's gradient in the backward pass
         gates = F.one_hot(choice, probs.shape[1]).to(probs.dtype) + (probs - probs.detach())
         self.gates = gates

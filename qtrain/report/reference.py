@@ -149,9 +149,11 @@ def _network_order(name: str) -> list[int]:
     return [int(n) for n in re.findall(r"\d+", name)]
 
 
-def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
+def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str] | None:
     """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0 over
-    every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``): each block's first
+    every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``), and what they are of:
+    ``evaluation`` (the ``gates_eval`` rows: the gates' choices on the test split, as the reference's logs count
+    them) where the run records them, else ``training`` (the epoch rows: the training epoch's mean). Each block's first
     quantized layer in the record's (the model's) order, as the block's gate decides for all of its layers (never
     a downsampling block's shortcut, which also runs, in float32, for the samples that skip the block). A block with no row
     that epoch skipped every sample."""
@@ -164,18 +166,22 @@ def _block_shares(run: Run, epoch: int) -> pd.DataFrame | None:
     if not blocks:
         return None
     rows = precision[(precision.epoch == epoch) & precision.share.notna()]
+    events = rows.event if "event" in rows else pd.Series("epoch", index=rows.index)
+    of = "evaluation" if (events == "gates_eval").any() else "training"
+    rows = rows[events == ("gates_eval" if of == "evaluation" else "epoch")]
     rows = rows.assign(option=[option_name(a, g) for a, g in zip(rows.act_bits, rows.grad_bits)])
     found = []
     for block in blocks:
         first = next(name for name in layers if name.startswith(f"{block}.block.") and ".shortcut" not in name)
         shares = rows[rows.layer == first].groupby("option")["share"].sum()
         found.append({**shares.to_dict(), "skipped": max(0.0, 1.0 - float(shares.sum()))})
-    return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block")
+    return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block"), of
 
 
 def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd.DataFrame:
     """Each gated block's most chosen option and its share at ``epochs``, the runs' (mean over seeds) beside the
-    reference's, with the difference of the reference's option's share."""
+    reference's, with the difference of the reference's option's share and what our shares are of (``evaluation``
+    or ``training``, :func:`_block_shares`)."""
     if reference.shares is None:
         return pd.DataFrame()
     rows = []
@@ -185,14 +191,15 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
         found = [shares for run in runs if (shares := _block_shares(run, epoch)) is not None]
         if theirs.empty or not found:
             continue
-        ours = pd.concat(found).fillna(0.0).groupby(level=0).mean()  # an option a seed lacks counts as 0 there
+        of = "/".join(sorted({kind for _, kind in found}))
+        ours = pd.concat([shares for shares, _ in found]).fillna(0.0).groupby(level=0).mean()  # a lacking option: 0
         for block in theirs.index.intersection(ours.index):
             mine, ref = ours.loc[block], theirs.loc[block].fillna(0.0)
             top_ours, top_ref = mine.idxmax(), ref.idxmax()
             rows.append({"epoch": epoch, "block": block, "ours: most chosen": top_ours, "share": mine.max(),
                          "reference: most chosen": top_ref, "reference share": ref.max(),
                          "same": top_ours == top_ref,
-                         "share diff (reference's option)": mine.get(top_ref, 0.0) - ref.max()})
+                         "share diff (reference's option)": mine.get(top_ref, 0.0) - ref.max(), "ours: of": of})
     return pd.DataFrame(rows)
 
 
