@@ -309,6 +309,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS,
                         help="methods to time against float32 (default: every one that applies)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="measure each step's peak memory only (it needs no idle machine, as the timing does)")
     parser.add_argument("--no-qtorch", dest="qtorch", action="store_false",
                         help="leave qtorch's stochastic rounding out of the comparison (its first import compiles it)")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
@@ -335,9 +337,20 @@ def main() -> None:
     workload = (f"Transformer ({TRANSFORMER_PRESET} preset), batch {batch} x 64 tokens, vocabulary {WIKITEXT2_VOCAB:,}"
                 if transformer else f"ResNet-20, batch {batch}, 32x32x3")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"{workload}, {where}, torch {torch.__version__}; each method's steps alternate with float32's in one "
-          f"process until the median ratio's 95% interval is within +-{args.half_width} (at most {args.max_pairs} pairs)")
+    how = ("each step's peak memory, in a process of its own" if args.memory_only else
+           f"each method's steps alternate with float32's in one process until the median ratio's 95% interval is "
+           f"within +-{args.half_width} (at most {args.max_pairs} pairs)")
+    print(f"{workload}, {where}, torch {torch.__version__}; {how}")
     float32_memory = _child("float32", args, batch, memory=True)["peak_mb"]
+    if args.memory_only:
+        print(f"{'method':21s} {'peak MB':>8s} {'x float32':>9s} {'target':>7s}")
+        for name in methods:
+            peak = _child(name, args, batch, memory=True)["peak_mb"]
+            target = TRANSFORMER_MEMORY_TARGET if transformer else MEMORY_TARGETS.get(name, MEMORY_TARGET)
+            verdict = "met" if peak / float32_memory <= target else f"missed (<= {target})"
+            print(f"{name:21s} {peak:8.1f} {peak / float32_memory:9.2f} {verdict:>7s}", flush=True)
+        print(f"float32 peak memory {float32_memory:.1f} MB")
+        return
     print(f"{'method':21s} {'step s':>7s} {'x float32':>9s} {'95% interval':>13s} {'pairs':>5s} {'target':>7s} "
           f"{'peak MB':>8s} {'x float32':>9s} {'cost %':>7s}", flush=True)
     adapt_switch = None

@@ -57,24 +57,42 @@ class _GatedMerge(torch.autograd.Function):
 
     The gradients of ``where(rows, out, out.detach()) * run_gates + where(rows, skip.detach(), skip) * skip_gates``
     bit for bit where ``out`` and ``skip`` have one shape (a block's output and its shortcut), without the two
-    whole-tensor ``where`` copies autograd would keep for backward: it keeps ``out`` and ``skip``, which the block's
-    last ReLU and the block before keep anyway.
+    whole-tensor ``where`` copies autograd would keep for backward: it keeps ``out``, which the block's last ReLU
+    keeps anyway, and ``skip``, or, where ``skip`` is an earlier gated block's output (``merged_from``, an identity
+    shortcut), what it was merged from, rebuilt in backward: the merged tensor itself is then kept by no one, as a
+    plain network keeps no block output beside its ReLU's.
     """
 
     @staticmethod
     def forward(ctx: Any, out: torch.Tensor, skip: torch.Tensor, rows: torch.Tensor, run_gates: torch.Tensor,
-                skip_gates: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(out, skip, rows, run_gates, skip_gates)
+                skip_gates: torch.Tensor, skip_source: Merged | None) -> torch.Tensor:
+        ctx.skip_source = skip_source
+        ctx.save_for_backward(out, skip if skip_source is None else None, rows, run_gates, skip_gates)
         return out * run_gates + skip * skip_gates
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         out, skip, rows, run_gates, skip_gates = ctx.saved_tensors
+        if ctx.skip_source is not None:
+            skip = rebuilt(ctx.skip_source)
         grad_out = torch.where(rows, grad * run_gates, 0.0) if ctx.needs_input_grad[0] else None
         grad_skip = torch.where(rows, 0.0, grad * skip_gates) if ctx.needs_input_grad[1] else None
         grad_run = (grad * out).sum_to_size(run_gates.shape) if ctx.needs_input_grad[3] else None
         grad_skip_gates = (grad * skip).sum_to_size(skip_gates.shape) if ctx.needs_input_grad[4] else None
-        return grad_out, grad_skip, None, grad_run, grad_skip_gates
+        return grad_out, grad_skip, None, grad_run, grad_skip_gates, None
+
+
+# A gated block's training output as what it was merged from: (its block's output, the rows that ran the block, and
+# the skip path: a tensor, or an earlier block's Merged where the skip is its output); rows None: every row ran.
+Merged = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | Merged | None"]
+
+
+def rebuilt(merged: Merged) -> torch.Tensor:
+    """The values of a gated block's output from what it was merged from (the forward's hard gates are 1 and 0)."""
+    out, rows, skip = merged
+    if rows is None:
+        return out
+    return torch.where(rows, out, skip if isinstance(skip, torch.Tensor) else rebuilt(skip))
 
 
 class GatedBlock(nn.Module):
@@ -153,13 +171,18 @@ class GatedBlock(nn.Module):
         # and activation ranges are the whole batch's, as in the reference
         out = self._run(x, torch.where(running, choice - first, probs[:, first:].argmax(1)))
         run_gates = gates[:, first:].sum(1).view(shape)
-        if not self.skip or self.mask_skip:  # every sample runs: every option gets the chosen output's A
-            return out * run_gates if gates.requires_grad else out
-        skip = self._skipped(x)
-        rows = running.view(shape)
         if not gates.requires_grad:
-            return torch.where(rows, out, skip)
-        return _GatedMerge.apply(out, skip, rows, run_gates, gates[:, :1].view(shape))
+            return torch.where(running.view(shape), out, self._skipped(x)) if self.skip and not self.mask_skip else out
+        if not self.skip or self.mask_skip:  # every sample runs: every option gets the chosen output's A
+            merged, source = out * run_gates, (out, None, None)
+        else:
+            skip = self._skipped(x)
+            rows = running.view(shape)
+            earlier = getattr(x, "merged_from", None) if skip is x else None
+            merged = _GatedMerge.apply(out, skip, rows, run_gates, gates[:, :1].view(shape), earlier)
+            source = (out, rows, skip if earlier is None else earlier)
+        merged.merged_from = source  # for the next block's merge, which would otherwise keep this tensor
+        return merged
 
     def _evaluate(self, x: torch.Tensor, options: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
         """Hard gates without the gates' gradient, in evaluation: running statistics and ranges treat every
