@@ -29,6 +29,20 @@ def test_a_gated_method_is_timed_and_costed(method):
     assert result["pairs"] == 2 and result["low"] <= result["ratio"] <= result["high"]
 
 
+@pytest.mark.slow
+def test_memory_only_gives_each_methods_peak_beside_float32s():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--memory-only", "--methods", "sbm",
+                           "dfq", "--batch", "16"], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    float32 = float(lines[-1].split()[-2])  # "float32 peak memory X MB"
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:-1]}
+    assert sorted(rows) == ["dfq", "sbm"] and float32 > 0
+    for peak, ratio, *verdict in rows.values():
+        assert float(ratio) == pytest.approx(float(peak) / float32, abs=0.01) and verdict[0] in ("met", "missed")
+
+
 def test_the_median_interval_covers_the_median_with_95_percent_at_least():
     spec = importlib.util.spec_from_file_location("bench_speed", ROOT / "scripts" / "bench_speed.py")
     bench = importlib.util.module_from_spec(spec)
