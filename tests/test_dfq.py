@@ -742,3 +742,36 @@ def test_a_runs_precision_file_holds_each_evaluations_gate_shares(tmp_path):
     shares, of = _block_shares(found, 2)
     assert of == "evaluation" and len(shares) == 9
     assert shares.sum(axis=1).tolist() == pytest.approx([1.0] * 9)
+
+
+def test_a_skip_rebuilt_from_the_earlier_blocks_merge_gives_the_gradients_of_the_saved_one(monkeypatch):
+    """An identity shortcut's input, the previous gated block's output, is rebuilt in backward from what it was merged
+    from instead of being kept: every gradient is bit for bit what keeping it gives (its input cloned, which hides
+    ``merged_from``), and the backward lets go of the chain (the graph itself lives on in the gates to the next step)."""
+    dfq, net, meter = _prepared(OPTIONS)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(16, 3, 8, 8) * 2
+    merges = []  # each chained merge's backward node
+    original = GatedBlock.forward
+
+    def watched(self, x):
+        out = original(self, x)
+        if getattr(out.grad_fn, "skip_source", None) is not None:
+            merges.append(out.grad_fn)
+        return out
+
+    def grads():
+        net.load_state_dict(state)
+        net.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        loss, _ = _step(dfq, net, meter, x)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+    monkeypatch.setattr(GatedBlock, "forward", watched)
+    rebuilt = grads()
+    assert merges and all(node.skip_source is None for node in merges)  # chained, then released by the backward
+    monkeypatch.setattr(GatedBlock, "forward", lambda self, x: original(self, x.clone()))
+    kept = grads()
+    assert rebuilt.keys() == kept.keys() and len(kept) > 20
+    assert all(torch.equal(rebuilt[n], kept[n]) for n in kept), [n for n in kept if not torch.equal(rebuilt[n], kept[n])]

@@ -275,17 +275,18 @@ def test_every_layers_weight_sensitivity_is_eq_1_of_its_blocks_by_hand():
         weight = model.get_submodule(name).weight
         expected = _weight_sensitivity_by_hand(weight.detach(), weight.grad)
         # the kernel sums the squares in float32
-        assert sorted(quant.weight.sensitivity.tolist()) == pytest.approx(sorted(expected.tolist()), rel=1e-6), name
+        assert quant.weight.sensitivity.tolist() == pytest.approx(expected.tolist(), rel=1e-6), name
 
 
 def _weight_sensitivity_by_hand(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """DYNASTY eq. 1 of each 4 x 4 block of (output, input) channels at each kernel position, zero-padded:
-    (2^e)^2 / 16 times the block's sum of squared gradients, 2^e the power of two just above its largest magnitude."""
+    """DYNASTY eq. 1 of each 4 x 4 block of (output, input) channels at each kernel position, zero-padded, in a width
+    map's order (output blocks outermost, then input blocks, then kernel positions; docs/formats.md): (2^e)^2 / 16
+    times the block's sum of squared gradients, 2^e the power of two just above its largest magnitude."""
     def blocks(t):
         t = t.double().reshape(*t.shape[:2], -1).permute(2, 0, 1)  # (positions, out, in)
         t = torch.nn.functional.pad(t, (0, -t.shape[2] % 4, 0, -t.shape[1] % 4))
         positions, rows, cols = t.shape
-        return t.reshape(positions, rows // 4, 4, cols // 4, 4).transpose(2, 3).reshape(-1, 16)
+        return t.reshape(positions, rows // 4, 4, cols // 4, 4).permute(1, 3, 0, 2, 4).reshape(-1, 16)
     largest = blocks(weight).abs().amax(1)
     _, exponent = torch.frexp(largest)  # largest = m 2^exponent with m in [0.5, 1): 2^exponent is just above it
     return torch.where(largest > 0, 4.0 ** exponent.double() / 16 * blocks(grad).square().sum(1), 0.0)

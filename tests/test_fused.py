@@ -52,8 +52,8 @@ FORMAT_CALLS = {
     "decode": lambda x, r: formats.decode_codes(formats.range_linear_codes(x, 12, "channel", r)[3], x.shape),
     # 10,080 elements (32 lanes), in rows of 1,680 (16 lanes): the draws taken in lanes
     "fixed-lanes": lambda x, r: formats.fixed_point(x.repeat(16, 1, 1, 1), 8, 4, r),
-    "fixed-candidates": lambda x, r: formats.fixed_point_candidates(x.repeat(16, 1, 1, 1), torch.tensor([8, 12]),
-                                                                    torch.tensor([4, 6]), r),
+    "fixed-candidates": lambda x, r: formats.fixed_point_candidates(
+        x.repeat(16, 1, 1, 1), torch.tensor([8, 12], device=x.device), torch.tensor([4, 6], device=x.device), r),
     "range-lanes": lambda x, r: formats.range_linear_from_data(x.repeat(1, 16, 1, 1), 4, "channel", r),
     "range-codes-lanes": lambda x, r: formats.range_linear_codes(x.repeat(1, 16, 1, 1), 8, "sample_mean", r),
     "range-per-sample-lanes": lambda x, r: formats.range_linear_codes(

@@ -216,11 +216,14 @@ class DFQ(Method):
         """precision.csv rows (``event: gates_eval``) of the options each block's gate chose for the samples of the
         epoch's evaluation, as shares of them: the eval-mode choices on the test split that the reference's logs
         give per epoch, beside the training epoch's mean shares of the epoch rows."""
-        if any(block.eval_choices is None for block in self.blocks):
-            return  # not evaluated this epoch
-        counts = distributed.sum_(torch.stack([block.eval_choices for block in self.blocks]).double())
+        device = next(self.controller.parameters()).device
+        none = torch.zeros(self.num_options, dtype=torch.long, device=device)  # a process without samples
+        counts = distributed.sum_(torch.stack([none if b.eval_choices is None else b.eval_choices for b in self.blocks])
+                                  .double())  # every process sums, evaluated or not
         for block in self.blocks:
             block.eval_choices = None
+        if not (counts.sum(1) > 0).all():
+            return  # not evaluated this epoch
         record = self._step_record((counts / counts.sum(1, keepdim=True)).flatten().tolist())
         self._event_rows += [
             {"epoch": epoch + 1, "step": step, "layer": name, "event": "gates_eval", "format": record[name].fmt,

@@ -60,7 +60,8 @@ class _GatedMerge(torch.autograd.Function):
     whole-tensor ``where`` copies autograd would keep for backward: it keeps ``out``, which the block's last ReLU
     keeps anyway, and ``skip``, or, where ``skip`` is an earlier gated block's output (``merged_from``, an identity
     shortcut), what it was merged from, rebuilt in backward: the merged tensor itself is then kept by no one, as a
-    plain network keeps no block output beside its ReLU's.
+    plain network keeps no block output beside its ReLU's. The rebuilt values are the merged tensor's only while no
+    one changes a block's output in place between blocks (no model here does).
     """
 
     @staticmethod
@@ -74,7 +75,8 @@ class _GatedMerge(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         out, skip, rows, run_gates, skip_gates = ctx.saved_tensors
         if ctx.skip_source is not None:
-            skip = rebuilt(ctx.skip_source)
+            # released here, as saved tensors are: the graph outlives the backward (the gates hold it to the next step)
+            skip, ctx.skip_source = rebuilt(ctx.skip_source), None
         grad_out = torch.where(rows, grad * run_gates, 0.0) if ctx.needs_input_grad[0] else None
         grad_skip = torch.where(rows, 0.0, grad * skip_gates) if ctx.needs_input_grad[1] else None
         grad_run = (grad * out).sum_to_size(run_gates.shape) if ctx.needs_input_grad[3] else None
