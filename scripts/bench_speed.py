@@ -285,6 +285,11 @@ def rounding_ratios(device: torch.device, qtorch: bool) -> dict:
     return _alternating_medians(fns, repeats=10 if "qtorch_sr_ms" in fns else 30)
 
 
+def _memory_target(name: str, transformer: bool) -> float:
+    """The most ``name``'s step may take in memory, in float32's."""
+    return TRANSFORMER_MEMORY_TARGET if transformer else MEMORY_TARGETS.get(name, MEMORY_TARGET)
+
+
 def _child(name: str, args: argparse.Namespace, batch: int, memory: bool = False) -> dict:
     """:func:`ab_ratio` (``memory``: :func:`peak_memory`) of ``name`` in a process of its own."""
     # For memory, a fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the
@@ -346,7 +351,7 @@ def main() -> None:
         print(f"{'method':21s} {'peak MB':>8s} {'x float32':>9s} {'target':>7s}")
         for name in methods:
             peak = _child(name, args, batch, memory=True)["peak_mb"]
-            target = TRANSFORMER_MEMORY_TARGET if transformer else MEMORY_TARGETS.get(name, MEMORY_TARGET)
+            target = _memory_target(name, transformer)
             verdict = "met" if peak / float32_memory <= target else f"missed (<= {target})"
             print(f"{name:21s} {peak:8.1f} {peak / float32_memory:9.2f} {verdict:>7s}", flush=True)
         print(f"float32 peak memory {float32_memory:.1f} MB")
@@ -357,10 +362,8 @@ def main() -> None:
     for name in methods:
         timed, memory = _child(name, args, batch), _child(name, args, batch, memory=True)
         memory_ratio = memory["peak_mb"] / float32_memory
-        if transformer:
-            target, memory_target = TRANSFORMER_TIME_TARGETS.get(name), TRANSFORMER_MEMORY_TARGET
-        else:
-            target, memory_target = TIME_TARGETS.get(name, TIME_TARGET), MEMORY_TARGETS.get(name, MEMORY_TARGET)
+        target = TRANSFORMER_TIME_TARGETS.get(name) if transformer else TIME_TARGETS.get(name, TIME_TARGET)
+        memory_target = _memory_target(name, transformer)
         verdict = "-" if target is None else ("met" if timed["ratio"] <= target and memory_ratio <= memory_target else "missed")
         # below 6 pairs the interval is the pairs' whole range, which holds the median with less than 95 %
         interval = f"{timed['low']:.2f}-{timed['high']:.2f}" + ("*" if timed["pairs"] < 6 else "")

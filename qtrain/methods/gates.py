@@ -172,10 +172,11 @@ class GatedBlock(nn.Module):
         # the whole batch runs the block once, a skipping sample at its most probable run option: batch statistics
         # and activation ranges are the whole batch's, as in the reference
         out = self._run(x, torch.where(running, choice - first, probs[:, first:].argmax(1)))
-        run_gates = gates[:, first:].sum(1).view(shape)
+        may_skip = self.skip and not self.mask_skip
         if not gates.requires_grad:
-            return torch.where(running.view(shape), out, self._skipped(x)) if self.skip and not self.mask_skip else out
-        if not self.skip or self.mask_skip:  # every sample runs: every option gets the chosen output's A
+            return torch.where(running.view(shape), out, self._skipped(x)) if may_skip else out
+        run_gates = gates[:, first:].sum(1).view(shape)
+        if not may_skip:  # every sample runs: every option gets the chosen output's A
             merged, source = out * run_gates, (out, None, None)
         else:
             skip = self._skipped(x)
