@@ -1,10 +1,5 @@
-"""The checkpoint's format: what a run saves after every epoch and restores when it resumes, in one object.
-
-:class:`Checkpoint` holds the run's stateful parts and writes and reads every key of ``checkpoint.pt`` (the keys
-:data:`qtrain.results.CHECKPOINT_KEYS` checks, and ``rank_rng`` under torchrun), as timm's ``CheckpointSaver``
-keeps its format in one place. The random generators' states are stored as tensors and plain values, so a
-checkpoint loads with ``weights_only=True``.
-"""
+"""The checkpoint's format: what a run saves after every epoch and restores when it resumes, in one object
+(:class:`Checkpoint`), as timm's ``CheckpointSaver`` keeps its format in one place."""
 
 from __future__ import annotations
 
@@ -49,7 +44,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 @dataclass
 class Checkpoint:
-    """A run's stateful parts, saved to and restored from ``checkpoint.pt``."""
+    """A run's stateful parts, saved to and restored from ``checkpoint.pt``: every key of it (those
+    :data:`qtrain.results.CHECKPOINT_KEYS` checks, and ``rank_rng`` under torchrun)."""
 
     identity: dict[str, Any]
     device: torch.device

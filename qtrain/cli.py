@@ -1,12 +1,6 @@
-"""Entry point ``qtrain``: the Hydra app over ``conf/`` and its callback :class:`RunCallback`.
-
-:func:`main` checks the command line before Hydra composes anything (:func:`qtrain.config.check_command_line`);
-the callback checks a single run before Hydra creates its directory and removes the folders a later error leaves;
-in a sweep (``-m``) it gives each job its torch threads (:mod:`qtrain.launch`), records each job's outcome in a
-file of its own and prints the closing tables. Errors are one line, ``qtrain: error: ...``, exit code 2 (3 for
-a diverged run, 1 for a sweep with a failed job). torch and pandas are imported only once a run starts.
-docs/running.md describes the errors and sweeps; docs/design.md the run lifecycle.
-"""
+"""Entry point ``qtrain``: the Hydra app over ``conf/`` (:func:`main`) and its callback :class:`RunCallback`, which
+checks a run before its directory exists and records a sweep's jobs and prints its tables.
+docs/running.md describes the errors and sweeps; docs/design.md the run lifecycle."""
 
 from __future__ import annotations
 

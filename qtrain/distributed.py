@@ -1,12 +1,6 @@
-"""One run on several processes (DistributedDataParallel under ``torchrun``): who is who, and the reductions.
-
-:func:`setup` joins the processes into one group and :func:`wrap` makes the model DistributedDataParallel;
-the other helpers reduce, gather and broadcast what every rank must agree on, and return their input in a
-single process. Rank 0 is the writer (:func:`is_writer`). torch is imported inside the functions:
-``qtrain.config`` reads the world size (part of a run's identity) before the command line has been checked,
-when torch is not loaded yet.
-docs/running.md ("One run on several processes") describes the behaviour.
-"""
+"""One run on several processes (DistributedDataParallel under ``torchrun``): who is who (rank 0 writes), the process
+group and the wrapped model, and the reductions every rank must agree on, each returning its input on one process.
+docs/running.md ("One run on several processes") describes the behaviour."""
 
 from __future__ import annotations
 
@@ -18,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from qtrain.errors import ConfigError
 
+# torch is imported inside the functions: qtrain.config reads the world size (part of a run's identity) before the
+# command line has been checked, when torch is not loaded yet
 if TYPE_CHECKING:
     import torch
     from torch import nn

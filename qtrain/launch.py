@@ -1,12 +1,6 @@
-"""How runs use the machine: the torch threads each job of a sweep gets under Hydra's launchers, and the C
-allocator's setting every run takes.
-
-:func:`job_threads` decides them once, when the sweep starts (a bad ``n_jobs`` is a one-line error before any
-work); :func:`use_threads` applies them in each job's process before torch starts its thread pools;
-:func:`tag_log_lines` prefixes a parallel job's log lines with its number and the values of the swept keys.
-docs/running.md ("Sweeps on many cores and on a cluster") gives the rule for each launcher.
-:func:`keep_freed_memory` stops glibc from handing a training step's freed tensors back to the operating system.
-"""
+"""How runs use the machine: the torch threads of each job of a sweep under Hydra's launchers, its log lines' tag,
+and the C allocator's setting every run takes (:func:`keep_freed_memory`).
+docs/running.md ("Sweeps on many cores and on a cluster") gives the rule for each launcher."""
 
 from __future__ import annotations
 

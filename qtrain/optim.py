@@ -1,13 +1,6 @@
-"""Optimizers (SGD with momentum and weight decay, Adam) and learning-rate schedules
-(multi-step, cosine, reduce-on-plateau, constant, inverse square root), built from the ``optim`` and
-``sched`` configs. The epoch schedules may start with a linear warm-up over their first
-``sched.warmup_epochs`` epochs, stepped per optimizer step (DYNASTY Sec. 5.1: one epoch on CIFAR-100,
-five on ImageNet). The inverse-square-root schedule of the Transformer (Vaswani et al. 2017, Sec. 5.3;
-FracTrain appendix D) is a per-step schedule of its own: at optimizer step s (from 1) the rate is
-``optim.lr * min(s / warmup_steps, sqrt(warmup_steps / s))``, rising linearly to ``optim.lr`` at
-``warmup_steps`` and falling as 1/sqrt(s) after. (Vaswani's ``d_model^-0.5 * min(s^-0.5, s *
-warmup^-1.5)`` is this with ``optim.lr = (d_model * warmup_steps)^-0.5``: 7.0e-4 for Transformer-base
-and 4000 steps.)"""
+"""Optimizers (SGD with momentum and weight decay, Adam) and learning-rate schedules (multi-step, cosine,
+reduce-on-plateau, constant, inverse square root), built from the ``optim`` and ``sched`` configs, and the per-step
+warm-up an epoch schedule may start with."""
 
 from __future__ import annotations
 
@@ -58,9 +51,14 @@ def build_step_schedule(cfg: DictConfig, optimizer: torch.optim.Optimizer,
                         steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler | None:
     """What is stepped after every optimizer step: the inverse-square-root schedule, or an epoch schedule's warm-up.
 
-    The warm-up: the lr rises linearly from 1/n of its value to it over the n optimizer steps of the
-    warm-up epochs, and is left alone after. Built after the epoch schedule; both scale the current
-    lr, so they compose.
+    The warm-up (``sched.warmup_epochs``; DYNASTY Sec. 5.1: one epoch on CIFAR-100, five on ImageNet): the lr rises
+    linearly from 1/n of its value to it over the n optimizer steps of the warm-up epochs, and is left alone after.
+    Built after the epoch schedule; both scale the current lr, so they compose.
+
+    The inverse-square-root schedule (Vaswani et al. 2017, Sec. 5.3; FracTrain appendix D): at optimizer step s (from
+    1) the rate is ``optim.lr * min(s / warmup_steps, sqrt(warmup_steps / s))``, rising linearly to ``optim.lr`` at
+    ``warmup_steps`` and falling as 1/sqrt(s) after. Vaswani's ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)`` is this
+    with ``optim.lr = (d_model * warmup_steps)^-0.5``: 7.0e-4 for Transformer-base and 4000 steps.
     """
     if cfg.name == "inverse_sqrt":
         warmup = cfg.warmup_steps

@@ -1,10 +1,5 @@
-"""The per-layer precision record: the single source for precision logging and the cost model.
-
-A method reports, for each quantized layer, which bits each operand of the three training GEMMs
-uses. Where a layer mixes precisions within a step (per sample
-or per block) the record carries each option's share, so the cost stays exact; a share that the
-options do not cover is work that was skipped (a 0-bit block), which costs nothing.
-"""
+"""The per-layer precision record: the single source for precision logging and the cost model. For each quantized
+layer, the bits of each operand of its three training GEMMs, with each option's share where it mixes precisions."""
 
 from __future__ import annotations
 

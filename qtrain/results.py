@@ -1,10 +1,6 @@
-"""Run outputs: metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt, and the run lock.
-
-Every file is written atomically (:func:`atomic_write`: a temporary name in the run directory, renamed over the
-old file); checkpoints hold tensors and plain values only and load with ``weights_only=True``.
-:class:`RunLock` makes a run directory one process's at a time (an exclusive ``flock`` on ``.qtrain.lock``).
-docs/running.md ("Run directories and results") describes each file and the lock.
-"""
+"""Run outputs: metrics.csv, precision.csv, cost.csv, summary.json, checkpoint.pt, each written atomically
+(:func:`atomic_write`), and the run lock (:class:`RunLock`).
+docs/running.md ("Run directories and results") describes each file and the lock."""
 
 from __future__ import annotations
 

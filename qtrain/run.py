@@ -1,11 +1,6 @@
-"""One run: config -> data, model, method, trainer -> results.
-
-:func:`run` first does every check that needs no data (:func:`preflight`), then locks the run directory and asks
-:mod:`qtrain.run_state` what it holds: a run to report again, one to resume from its checkpoint, or none. It
-writes the results and a checkpoint after every epoch, and the summary (:mod:`qtrain.summary`) at the end. Under
-``torchrun`` rank 0 decides and writes, and the other ranks follow its decision. docs/running.md describes the run
-directory, the identity and resuming; docs/design.md the run lifecycle.
-"""
+"""One run: config -> data, model, method, trainer -> results. :func:`run` checks what needs no data
+(:func:`preflight`), locks the run directory, then reports, resumes or trains it (rank 0 decides under torchrun).
+docs/running.md describes the run directory, the identity and resuming; docs/design.md the run lifecycle."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""What a run learns to do: the loss it trains on and the metrics it reports, chosen by the dataset.
-
-Both tasks train on the cross-entropy of the model's scores against integer targets, averaged over
-*positions*: one per image in classification, one per token in language modelling (the output is
-``(batch, positions, classes)`` and the target ``(batch, positions)``). Both report the loss and the
-accuracy over positions (next-token accuracy for a language model); language modelling adds the
-perplexity, ``exp`` of the mean loss per token, its headline figure (lower is better). On a character-level
-corpus (``data.level=char``) it adds bits per character, the mean loss per token in bits (``loss / ln 2``): each
-token is one character of the text (a line's end, ``<eos>``, is its newline; ``<unk>`` stands for a character
-rarer than ``data.min_count``).
-"""
+"""What a run learns to do: the loss it trains on and the metrics it reports, chosen by the dataset (classification,
+or language modelling with perplexity and, on a character-level corpus, bits per character)."""
 
 from __future__ import annotations
 
@@ -21,6 +12,10 @@ from torch.nn import functional as F
 
 @dataclass(frozen=True)
 class Task:
+    """A task: the cross-entropy of the model's scores against integer targets, averaged over positions (one per image
+    in classification, one per token in language modelling: the output is ``(batch, positions, classes)`` and the
+    target ``(batch, positions)``), and the metrics each split reports."""
+
     name: str
     score: str  # the headline metric of metrics.csv and summary.json's "final"
     higher_is_better: bool
@@ -38,8 +33,10 @@ class Task:
 
     @property
     def figures(self) -> tuple[str, ...]:
-        """The metrics of each split: loss and accuracy, perplexity for a language model, bits per character for
-        one of characters."""
+        """The metrics of each split: loss and accuracy (next-token accuracy for a language model), perplexity for a
+        language model (``exp`` of the mean loss per token, its headline figure: lower is better), bits per character
+        for one of characters (the mean loss per token in bits, ``loss / ln 2``: each token is one character of the
+        text, ``<eos>`` a line's newline and ``<unk>`` a character rarer than ``data.min_count``)."""
         if self.name != "language_model":
             return ("loss", "acc")
         return ("loss", "acc", "ppl", "bpc") if self.per_character else ("loss", "acc", "ppl")

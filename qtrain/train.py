@@ -1,12 +1,5 @@
-"""The one training loop: batches in, method hooks, cost meter, evaluation.
-
-:class:`Trainer` runs the micro-batches (forward, the task loss plus the method's terms, a NaN/inf check,
-backward, the meter charged at the method's precision), an optimizer step every ``accum_steps`` of them between
-the method's hooks, and per epoch the evaluation (after every ``eval_every``-th), the schedule and the method's
-decision, until ``epochs`` or :meth:`Method.stopped`. On several processes it reduces what every rank must see
-alike. docs/design.md (the run lifecycle, the method interface) and docs/running.md ("One run on several
-processes") describe it.
-"""
+"""The one training loop (:class:`Trainer`): batches in, method hooks, cost meter, evaluation. docs/design.md (the run
+lifecycle, the method interface) and docs/running.md ("One run on several processes") describe it."""
 
 from __future__ import annotations
 

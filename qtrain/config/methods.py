@@ -1,14 +1,6 @@
-"""The methods' registry and their typed config schemas (``conf/method/<name>.yaml``), torch-free.
-
-A dataclass per method, registered by :func:`register_method` with the class that trains it; :data:`METHODS` is that
-registry, read by the trainer (:func:`qtrain.methods.build_method`), the checks and the report (:mod:`qtrain.catalog`).
-The schemas are built on :mod:`qtrain.config.schema` (types from annotations, ranges by ``bounded``, choices as
-:class:`Choice`, the checks across keys in ``__post_init__``); option groups that methods share (the range-linear
-quantizers, the progressive switch, the gates, the performance model's baselines) are one base class each.
-:func:`check_method` reads ``cfg.method`` against its schema before any work, and the method is handed the result.
-What a schema cannot see stays with the method: whatever needs the model itself (DFQ and FracTrain refuse a model
-without residual blocks to gate when they prepare it).
-"""
+"""The methods' registry (:data:`METHODS`, filled by :func:`register_method`) and their typed config schemas
+(``conf/method/<name>.yaml``), torch-free, on :mod:`qtrain.config.schema`; option groups that methods share are one
+base class each. :func:`check_method` reads ``cfg.method`` against its schema before any work."""
 
 from __future__ import annotations
 
@@ -604,7 +596,9 @@ class MX(ScaledLayers):
 
 
 def check_method(method: DictConfig) -> MethodConfig:
-    """``method`` (a composed config's ``method`` node) read against the schema of ``method.name``."""
+    """``method`` (a composed config's ``method`` node) read against the schema of ``method.name``; the method is handed
+    the result. What a schema cannot see stays with the method: whatever needs the model itself (DFQ and FracTrain
+    refuse a model without residual blocks to gate when they prepare it)."""
     if method.name not in METHODS:
         raise ConfigError(f"unknown method {method.name!r} (choose from: {', '.join(sorted(METHODS))})")
     return read(METHODS[method.name], method, "method")

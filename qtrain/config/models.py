@@ -1,12 +1,6 @@
-"""Typed schemas of the model configs' own keys (``conf/model/<name>.yaml``), built on :mod:`qtrain.config.schema`: a
-dataclass per model with keys of its own in :data:`MODELS` (any other has :class:`ModelConfig`'s);
-:func:`check_model` reads ``cfg.model`` before any work. The Transformer's
-presets (:data:`PRESETS`) are here too, for the resolver ``qtrain.transformer`` of its config files. Imports no torch.
-
-The ``dfq_*`` keys are the gated methods' (DFQ, FracTrain): their schemas in :mod:`qtrain.config.methods` check them
-where a method reads them. What needs the data stays with the model registry (:mod:`qtrain.models`): whether the
-input is square and large enough.
-"""
+"""Typed schemas of the model configs' own keys (``conf/model/<name>.yaml``), torch-free: a dataclass per model with
+keys of its own in :data:`MODELS`, read by :func:`check_model` before any work, and the Transformer's presets
+(:data:`PRESETS`, for the resolver ``qtrain.transformer`` of its config files)."""
 
 from __future__ import annotations
 
@@ -79,5 +73,10 @@ MODELS: dict[str, type[ModelConfig]] = {"resnet18": ImageNetResNet, "resnet34": 
 
 
 def check_model(model: DictConfig) -> ModelConfig:
-    """``model`` (a composed config's ``model`` node; its name one of conf/model's files) read against its schema."""
+    """``model`` (a composed config's ``model`` node; its name one of conf/model's files) read against its schema.
+
+    The ``dfq_*`` keys are the gated methods' (DFQ, FracTrain): their schemas in :mod:`qtrain.config.methods` check
+    them where a method reads them. What needs the data stays with the model registry (:mod:`qtrain.models`): whether
+    the input is square and large enough.
+    """
     return read(MODELS.get(model.name, ModelConfig), model, "model")

@@ -1,13 +1,6 @@
-"""AdaPT's analytical performance model (AdaPT paper Sec. 4.1.2, eqs. (6)-(9); Tables 3-6).
-
-Per training step and quantized layer (its forward MACs, word length and weight density): the training
-cost of eq. (8), AdaPT's PushDown/PushUp overhead of eq. (9) amortized per optimizer step, memory, model
-size and sparsity (Table 5); over the run, the speedups SU (the figure Tables 3-4 print, from the
-reference code's analytics: SU1 against this run's own float32 baseline, SU3 against MuPPET's) and
-Sec. 4.1.2's printed formula, MEM, and inference SU and SZ (Table 6), against the float32 baselines of
-:class:`BaselineRun`. The formulas, their fit to the published tables and every departure from the
-paper and the reference code (lorenz0890/AdaPT): docs/cost.md.
-"""
+"""AdaPT's analytical performance model (AdaPT paper Sec. 4.1.2, eqs. (6)-(9); Tables 3-6): training cost, overhead,
+memory, model size, sparsity and speedups against the float32 baselines of :class:`BaselineRun`. The formulas,
+their fit to the tables and every departure from the paper and the reference code (lorenz0890/AdaPT): docs/cost.md."""
 
 from __future__ import annotations
 

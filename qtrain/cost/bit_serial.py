@@ -1,12 +1,6 @@
-"""A bit-serial accelerator (UNPU, Lee et al. 2018/2019), the hardware DYNASTY extends (DYNASTY paper Sec. 4-5).
-
-Time is linear in the serial operand's bit-width: in each GEMM the narrower operand is serial and the
-wider one parallel, in passes of 16 bits; a 0-bit operand takes no cycles. 13,824 weight-bit-MACs per
-cycle at 200 MHz (UNPU's 345.6 GOPS at 16-bit weights), 297 mW (DYNASTY Table 2); DYNASTY's layers
-(format ``block-fp-map``) also pay the DYNASTY module's 10.3 mW for the time a step takes at 4 bits. A
-float32 operand is priced as a 32-bit integer one, for comparison only. The figures' sources and the
-model's fit to Fig. 8: docs/cost.md.
-"""
+"""A bit-serial accelerator (UNPU, Lee et al. 2018/2019), the hardware DYNASTY extends (DYNASTY paper Sec. 4-5):
+time linear in the serial operand's bit-width, energy its power times the time, plus the DYNASTY module's for
+DYNASTY's layers. The figures' sources and the model's fit to Fig. 8: docs/cost.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""BitFusion (Sharma et al., ISCA 2018), the accelerator behind FracTrain's energy and latency columns.
-
-Figures from the authors' simulator (hsharma35/bitfusion, commit 04ec1c8, default ``conf.ini``): 8 x 8
-fusion units at 500 MHz, 256/64/16 KiB buffers, a DRAM interface of 128 bits per cycle. An 8-bit unit
-does ``floor(8 / max(b_a, 2)) * floor(8 / max(b_w, 2))`` MACs per cycle, wider operands in 8-bit passes;
-29.39 pJ per cycle, CACTI's buffer energies per bit and 15 pJ per DRAM bit, each operand moved once per
-GEMM; a GEMM takes the longer of its compute and its DRAM transfer. The sources of each figure and
-where the model is simpler than the simulator: docs/cost.md.
-"""
+"""BitFusion (Sharma et al., ISCA 2018), the accelerator behind FracTrain's energy and latency columns, with figures
+from the authors' simulator (hsharma35/bitfusion, commit 04ec1c8, default ``conf.ini``). The sources of each figure
+and where the model is simpler than the simulator: docs/cost.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Hardware models that price the cost meter's record, and time and energy to a target accuracy.
-
-Every step the meter knows each layer's MACs per sample and the bits of each GEMM operand, with the
-share of the work each option does (per block, per sample). A hardware model prices one GEMM from
-that: :mod:`qtrain.cost.bit_serial` (DYNASTY's UNPU-style accelerator) and :mod:`qtrain.cost.bitfusion`
-(FracTrain's energy and latency). :class:`HardwareMeter` adds up seconds and joules per model and
-layer for every method, and beside them what the same samples cost with every operand at 8 bits
-(Banner et al.'s baseline, ``sbm``), so each run states its speedup and energy ratio on each model.
-:func:`to_target` reads the cumulative figures of metrics.csv at the first epoch that reaches a test
-accuracy (DYNASTY Fig. 7: the time to 74 %).
-"""
+"""Hardware models that price the cost meter's record: :class:`HardwareMeter` adds up seconds and joules per model and
+layer, beside the same samples at 8 bits, and :func:`to_target` reads the time and energy to a test accuracy
+(DYNASTY Fig. 7). The models: :mod:`qtrain.cost.bit_serial`, :mod:`qtrain.cost.bitfusion`; see docs/cost.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The bit-MAC meter: the exact computational cost of a training run (FracTrain's CC).
-
-Every step adds, per layer, ``samples * MACs * b_a*b_w/1024`` for the forward GEMM, ``* b_g*b_w/1024``
-for the error GEMM and ``* b_a*b_gw/1024`` for the weight-gradient GEMM, read from the method's precision
-record of that step, so methods that change bits per step or mix them per sample are charged exactly.
-Totals are "effective MACs" (float32-equivalent MACs); bit-MACs are 1024 times that. The meter also
-prices every step on the hardware models (:class:`qtrain.cost.hardware.HardwareMeter`), and on several
-processes :meth:`CostMeter.merge_ranks` counts every sample once. See docs/cost.md.
-"""
+"""The bit-MAC meter: the exact computational cost of a training run (FracTrain's CC), charged every step from the
+method's precision record in effective MACs (float32-equivalent; bit-MACs are 1024 times that) and priced on the
+hardware models. See docs/cost.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Per-layer multiply-accumulate counts of a model, from one forward pass (FracTrain's computational cost).
-
-MACs are counted analytically from the shapes a forward hook sees (convolutions, linear layers, DFQ's
-LSTM gate cell, a :class:`~qtrain.quant.layers.MatMul`'s shared dimension), a layer called several times
-in one forward at every call. This counts the forward GEMM; the two backward GEMMs have the same count.
-:func:`operand_sizes` counts the elements of each layer's weight, input and output from the same forward
-(what the hardware models move through memory). The counting rules: docs/cost.md.
-"""
+"""Per-layer multiply-accumulate counts of a model, from one forward pass (FracTrain's computational cost), and each
+layer's operand sizes (:func:`operand_sizes`, what the hardware models move through memory). The counting rules:
+docs/cost.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What the trainer and the run need of a dataset, whatever its kind.
-
-A :class:`Data` is loaded once per run (images in memory, an image folder on disk, a token corpus) and
-knows its :class:`~qtrain.task.Task`, the sizes its model is built for, and how to cut itself into
-:class:`Stream` objects: the batches of one split, the same for every run of the same seed, each rank
-of a multi-process run taking its slice of every global batch.
-"""
+"""What the trainer and the run need of a dataset, whatever its kind: a :class:`Data` (its task, the sizes its model is
+built for, its streams) and the :class:`Stream` of one split's batches, the same for every run of the same seed."""
 
 from __future__ import annotations
 
@@ -88,6 +83,10 @@ class Stream(Protocol):
 
 
 class Data(Protocol):
+    """A dataset, loaded once per run (images in memory, an image folder on disk, a token corpus): its
+    :class:`~qtrain.task.Task`, the sizes its model is built for, and its :class:`Stream` objects, each rank of a
+    multi-process run taking its slice of every global batch."""
+
     name: str
     task: Task
 

@@ -1,11 +1,5 @@
-"""Tensor-resident image data and its batch stream.
-
-Images stay a uint8 tensor on the training device; each batch is gathered, padded, randomly cropped and
-flipped as whole-batch tensor operations, then normalized. The order and the augmentation of an epoch
-depend only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would have.
-On several processes ``batch_size`` stays the global batch and every rank takes its own contiguous slice
-of each batch, so the ranks together see exactly the samples of a one-process run.
-"""
+"""Tensor-resident image data and its batch stream: images stay a uint8 tensor on the training device and each batch
+is augmented as whole-batch tensor operations, in an order that depends only on (seed, epoch). See docs/data.md."""
 
 from __future__ import annotations
 

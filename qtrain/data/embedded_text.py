@@ -1,10 +1,6 @@
-"""The embedded text corpus (``data=text``): Python's own documentation, so a language model trains with no download.
-
-The standard library's ``pydoc_data.topics`` (``help()``'s topics), tokenized into words and punctuation as
-in WikiText, each topic whole to one split of about 90/5/5 of the tokens. At first use the splits are
-written atomically as ``pydoc.{train,valid,test}.txt`` into :func:`cache_dir` ``/python-<version>``; later
-runs read them from there. See docs/data.md.
-"""
+"""The embedded text corpus (``data=text``): Python's own documentation (``pydoc_data.topics``), tokenized as
+WikiText, so a language model trains with no download; its splits are written at first use (:func:`cache_dir`).
+See docs/data.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Image folders on disk (ImageNet's layout), decoded and augmented by torchvision's DataLoader path.
-
-``data.root`` holds ``train/<class>/<image>`` and ``val/<class>/<image>``; images are read in
-``data.workers`` DataLoader processes under torchvision's standard transforms. Reproducible like
-:class:`~qtrain.data.batches.BatchStream`: the order of an epoch and one random seed per sample come from
-(seed, epoch), so the batches do not depend on the worker count or the ranks, and each rank loads only its
-slice of every global batch. See docs/data.md.
-"""
+"""Image folders on disk (ImageNet's layout, ``train/<class>/<image>`` and ``val/<class>/<image>``), decoded and
+augmented by torchvision's DataLoader path, in batches that depend neither on the worker count nor on the ranks.
+See docs/data.md."""
 
 from __future__ import annotations
 

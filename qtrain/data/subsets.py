@@ -1,13 +1,6 @@
-"""Parts of a dataset: FracTrain's halves (``data.subset``), fixed-size samples (``data.sample``) and
-cross-validation folds (``data.fold`` of ``data.folds``).
-
-Halves by classes or by samples (FracTrain Sec. 4.5, appendix E), a class-balanced sample of N training and
-M test images, and AdaPT's stratified folds (AdaPT paper Sec. 4.1.1), each a fixed random choice, the same
-for every run. The choice is made on a split's labels alone (the indices it keeps, in their order), so
-images in memory (:class:`~qtrain.data.batches.ImageSplit`) and image files on disk
-(:class:`~qtrain.data.folder.FileSplit`) are cut alike. The rules and the departure from AdaPT's
-reference code: docs/data.md.
-"""
+"""Parts of a dataset: FracTrain's halves (``data.subset``; FracTrain Sec. 4.5, appendix E), fixed-size samples
+(``data.sample``) and AdaPT's stratified cross-validation folds (``data.fold`` of ``data.folds``; AdaPT paper
+Sec. 4.1.1). The rules and the departure from AdaPT's reference code: docs/data.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Text corpora for language modelling: token ids of word- or character-level corpora, and their batch stream.
-
-A corpus is three UTF-8 files under ``data.root`` in one of the namings corpora usually carry (WikiText's
-``wiki.{train,valid,test}.tokens``, ``{train,valid,test}.txt``, ``<name>.{train,valid,test}.txt``); exactly
-one naming must be complete. Tokens follow PyTorch's word_language_model example (every line ends in
-``<eos>``; ``level: word`` or ``char``); the vocabulary is the training split's tokens seen ``min_count``
-times or more, every other token ``<unk>``. ``data.sample`` keeps the first N training and M test tokens.
-See docs/data.md.
-"""
+"""Text corpora for language modelling: a word- or character-level corpus of three UTF-8 files under ``data.root``
+as token ids (:func:`read_corpus`), and their batch stream (:class:`TokenStream`). The namings, the tokens and the
+vocabulary: docs/data.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Image datasets: embedded digits, synthetic, CIFAR-10/100 (python pickle layout), MNIST (idx files).
-
-Files are read in the layouts torchvision downloads. A file whose MD5 differs from the official
-archive's loads with a warning, once per file in a process (a re-encoded or patched copy); a missing
-or unreadable file is a :class:`~qtrain.errors.DataError` naming the path. Nothing here downloads.
-
-CIFAR's batches are Python pickles, and unpickling can call any importable function. They are read
-by :class:`_CifarUnpickler`, which builds only what the format holds (dicts, lists, strings, bytes,
-numbers, numpy arrays, scalars and dtypes) and refuses any other object before it is made, so a
-tampered file cannot run code.
-"""
+"""Image datasets: embedded digits, synthetic, CIFAR-10/100 (python pickle layout, read by :class:`_CifarUnpickler`),
+MNIST (idx files), in the layouts torchvision downloads; nothing here downloads. The checksums and errors:
+docs/data.md."""
 
 from __future__ import annotations
 
@@ -101,7 +93,9 @@ def _cifar_globals() -> dict[tuple[str, str], object]:
 
 
 class _CifarUnpickler(pickle.Unpickler):
-    """An unpickler that makes only the objects CIFAR's batches hold; any other is refused before it is made."""
+    """An unpickler that makes only the objects CIFAR's batches hold (dicts, lists, strings, bytes, numbers, numpy
+    arrays, scalars and dtypes); any other is refused before it is made. Unpickling can call any importable function,
+    so this is what keeps a tampered file from running code."""
 
     allowed = _cifar_globals()
 

@@ -1,14 +1,6 @@
-"""AdaPT: adaptive precision training (Kummer et al., AdaPT paper Sec. 3, Algorithms 1-4, Sec. 4.1).
-
-Every Conv2d/Linear computes on fixed point <WL, FL> of its own, weights and activations at the same
-format, stochastic rounding, from float32 master weights, starting at <8, 4>. Once per optimizer step
-the gradients are rounded at their layer's format and normalized, and each layer whose lookback window
-is full switches: PushDown then PushUp (:mod:`qtrain.methods.adapt_switching`). The loss adds L1 on the
-rounded weights and the word-length penalty; summary.json gets the performance model of Sec. 4.1.2
-(:mod:`qtrain.methods.priced`, :mod:`qtrain.cost.adapt_model`). Defaults follow the reference code
-(lorenz0890/AdaPT) where it and the paper differ: each such choice and every departure from both, with
-its reason, in docs/methods/adapt.md.
-"""
+"""AdaPT: adaptive precision training (Kummer et al., AdaPT paper Sec. 3, Algorithms 1-4, Sec. 4.1): each Conv2d/Linear
+on fixed point <WL, FL> of its own, switched by PushDown and PushUp (:mod:`qtrain.methods.adapt_switching`). Defaults
+follow the reference code (lorenz0890/AdaPT) where it and the paper differ; each departure: docs/methods/adapt.md."""
 
 from __future__ import annotations
 

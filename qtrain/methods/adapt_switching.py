@@ -1,11 +1,6 @@
-"""AdaPT's precision switching (AdaPT paper Sec. 3.3, Algorithms 2-4; lorenz0890/AdaPT, optimizers/msgd_fp.py).
-
-Pure functions and one small state class, so each rule can be checked on its own:
-:func:`pushdown` (the coarsest lossless <WL, FL>, eqs. 1-2, Algorithm 3), :func:`pushup` (the increase
-from the lookback window's gradient diversity, eqs. 3-4, and the buffer bits), :func:`adapt_strategy`,
-:func:`adapt_lookback` and :func:`adapt_resolution` (eq. 5 and the lookback and resolution rules).
-The readings of the paper and the reference: docs/methods/adapt.md.
-"""
+"""AdaPT's precision switching (AdaPT paper Sec. 3.3, Algorithms 2-4; lorenz0890/AdaPT, optimizers/msgd_fp.py):
+PushDown, PushUp and the strategy, lookback and resolution rules (eqs. 1-5), as pure functions and one small state
+class, so each rule can be checked on its own. The readings of the paper and the reference: docs/methods/adapt.md."""
 
 from __future__ import annotations
 

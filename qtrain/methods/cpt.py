@@ -1,13 +1,6 @@
-"""CPT: cyclic precision training (Fu et al., ICLR 2021).
-
-SBM's range-linear quantizers (as in FracTrain's reference code, which CPT's shares) whose forward bits, weights
-and activations, follow the reference code's cosine cycle per optimizer step between ``bits_min`` and ``bits_max``,
-``cycles`` times over the run; gradients stay at ``grad_bits``. The bits are set as each training forward starts,
-so a step is charged the bits it trained at and evaluation runs at the last step's, as the reference's does.
-
-Defaults, their sources, how the cost relates to the reference's "training FLOPS ratio", and every departure from
-the paper and the reference code: docs/methods/cpt.md.
-"""
+"""CPT: cyclic precision training (Fu et al., ICLR 2021): SBM's range-linear quantizers whose forward bits follow
+the reference code's cosine cycle per optimizer step from ``bits_min`` to ``bits_max``, gradients at ``grad_bits``.
+Defaults, their sources, the cost and every departure from the paper and the reference code: docs/methods/cpt.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""DFQ: dynamic fractional quantization (FracTrain Sec. 3.2, Eq. (1)-(2); appendix F).
-
-Every residual block sits behind a gate (:mod:`qtrain.methods.gates`) that picks, per input sample, one
-precision option FW-a/BW-g (FW-0/BW-0: skip the block): the activation and gradient bits of every
-convolution in the block; weights stay at ``weight_bits``, layers outside the blocks in float32. The
-training objective is ``CE + beta * cost`` with beta's sign steering the measured cp to ``target_cp``.
-
-The cost unit, cp's scope, the option sets, the two executions and every departure from the paper and
-the reference code (GATECH-EIC/FracTrain): docs/methods/dfq.md.
-"""
+"""DFQ: dynamic fractional quantization (FracTrain Sec. 3.2, Eq. (1)-(2); appendix F): a gate before every residual
+block picks each sample's precision option, trained on ``CE + beta * cost`` with cp steered to ``target_cp``.
+The cost unit, cp's scope, the options, the two executions and every departure from the paper and the reference
+code (GATECH-EIC/FracTrain): docs/methods/dfq.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Gradient diversity (Yin et al. 2018): the switching signal of MuPPET and of AdaPT's PushUp.
-
-For gradients ``g_1..g_k`` of one layer, ``Δs = Σ_k ||g_k||² / ||Σ_k g_k||²`` (AdaPT paper eq. 3;
-MuPPET, AdaPT paper Sec. 2.2). It is ``1/k`` when all ``k`` gradients are equal, 1 when they are
-orthogonal, and grows without bound as they cancel; it is +inf when their sum is zero. A
-:class:`DiversityWindow` keeps the two running sums instead of the gradients, so a window of
-a hundred batches costs two tensors per layer, not a hundred.
-"""
+"""Gradient diversity (Yin et al. 2018): the switching signal of MuPPET and of AdaPT's PushUp,
+``Δs = Σ_k ||g_k||² / ||Σ_k g_k||²`` over one layer's gradients (AdaPT paper eq. 3; MuPPET, AdaPT paper Sec. 2.2),
+and a window that keeps its running sums (:class:`DiversityWindow`)."""
 
 from __future__ import annotations
 
@@ -17,7 +12,11 @@ import torch
 
 
 def gradient_diversity(grads: Sequence[torch.Tensor]) -> float:
-    """``Σ ||g||² / ||Σ g||²`` of ``grads`` (+inf where the sum is zero, NaN for no gradients)."""
+    """``Σ ||g||² / ||Σ g||²`` of ``grads`` (+inf where the sum is zero, NaN for no gradients).
+
+    It is ``1/k`` when all ``k`` gradients are equal, 1 when they are orthogonal, and grows without bound as they
+    cancel.
+    """
     window = DiversityWindow()
     for g in grads:
         window.add(g)
@@ -25,7 +24,11 @@ def gradient_diversity(grads: Sequence[torch.Tensor]) -> float:
 
 
 class DiversityWindow:
-    """The running sums ``Σ ||g||²`` and ``Σ g`` of the gradients added since the last :meth:`clear`."""
+    """The running sums ``Σ ||g||²`` and ``Σ g`` of the gradients added since the last :meth:`clear`.
+
+    It keeps the two sums instead of the gradients, so a window of a hundred batches costs two tensors per layer,
+    not a hundred.
+    """
 
     def __init__(self) -> None:
         self.count = 0

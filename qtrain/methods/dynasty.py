@@ -1,14 +1,6 @@
-"""DYNASTY: block-wise dynamic-precision training (the DYNASTY paper, Sec. 3.1-3.3). No public code exists.
-
-Every Conv2d/Linear trains on 4 x 4-block floating point (:mod:`qtrain.quant.block_maps`): in each of the
-three GEMMs one operand has static 8-bit mantissas and the other 0-8 bits per block from its bit-width
-map. Every backward adds each block's eq. 1 sensitivity; at each epoch's end the maps are regenerated
-(:mod:`qtrain.methods.dynasty_map`) to hold the computation-weighted average at ``target_bits``. The first
-epoch runs every block at 4 bits.
-
-Which operand is mapped, the rounding modes and every other gap the paper leaves or departure from it,
-each with its reason: docs/methods/dynasty.md.
-"""
+"""DYNASTY: block-wise dynamic-precision training (the DYNASTY paper, Sec. 3.1-3.3; no public code exists): 4 x 4-block
+floating point under per-block bit-width maps, regenerated at each epoch's end from the blocks' sensitivities.
+Which operand is mapped, the rounding modes and every gap or departure, with its reason: docs/methods/dynasty.md."""
 
 from __future__ import annotations
 

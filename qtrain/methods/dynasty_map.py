@@ -1,14 +1,6 @@
-"""DYNASTY's Adaptive Bit-Width Map Generator (DYNASTY paper Sec. 3.2.2 and 3.3), as pure tensor functions.
-
-- :func:`relative_sensitivity`: eq. 3b, ``r_i = 1/2 log2(S_i / T_i)``;
-- :func:`bit_widths`: eq. 3a, ``b_i = max(0, min(r_i - lambda, beta))``;
-- :func:`first_lambda`: the estimate for the first map, ``lambda^ = mean(r) - alpha``;
-- :func:`tune_lambda`: Algorithm 1, L steps of regula falsi from the last lambda;
-- :func:`smooth` (eq. 4) and :func:`round_to_levels` ({0, 2, 4, 6, 8}, ties half to even);
-- :func:`average_weights`: the average Algorithm 1 holds (``average: macs`` or ``blocks``).
-
-The weighted average, the edge cases and why: docs/methods/dynasty.md.
-"""
+"""DYNASTY's Adaptive Bit-Width Map Generator (DYNASTY paper Sec. 3.2.2 and 3.3), as pure tensor functions: eqs. 3a-3b,
+the first lambda, Algorithm 1's tuning of lambda, eq. 4's smoothing and the rounding to {0, 2, 4, 6, 8}.
+The weighted average, the edge cases and why: docs/methods/dynasty.md."""
 
 from __future__ import annotations
 

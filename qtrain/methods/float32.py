@@ -1,10 +1,5 @@
-"""float32: the plain baseline, same trainer and cost accounting (32/32/32 bits) as every method.
-
-Its options make AdaPT's float32 baselines (AdaPT paper Tables 1-4): ``init: tnvs`` draws the
-Conv2d/Linear weights as AdaPT does (Sec. 3.1) and ``l1`` adds ``l1 * Σ|p|`` over every parameter to
-the loss; the defaults (``init: model``, ``l1: 0``) leave plain float32 training unchanged.
-See docs/methods/float32.md.
-"""
+"""float32: the plain baseline, same trainer and cost accounting (32/32/32 bits) as every method, with the options
+that make AdaPT's float32 baselines (AdaPT paper Tables 1-4: ``init: tnvs``, ``l1``). See docs/methods/float32.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """FracTrain: DFQ whose cp target rises at PFQ's turning points (FracTrain Sec. 3.3, Algorithm 2; appendix G).
-
-Training runs DFQ (:mod:`qtrain.methods.dfq`) with the target cp of the current stage; the stage
-advances as PFQ's precision stages do (:mod:`qtrain.methods.progressive`). The targets are
-``cp_schedule`` or, with ``cp_total`` set, appendix G's rule (stages ``cp_step`` apart whose mean is
-``cp_total``). Defaults and departures: docs/methods/fractrain_stages.md.
-"""
+The targets are ``cp_schedule`` or appendix G's rule (``cp_total``); defaults and departures:
+docs/methods/fractrain_stages.md."""
 
 from __future__ import annotations
 

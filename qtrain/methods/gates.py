@@ -1,14 +1,6 @@
-"""DFQ's gates and gated blocks (FracTrain Sec. 3.2, Eq. (1), Fig. 2; appendix F).
-
-Every gated block has its own light embedding of its input; one LSTM cell shared by all blocks and a
-shared linear layer give one logit per precision option; the argmax picks each sample's option through
-a straight-through gate. ``execution: per_sample`` runs a block once over the whole batch, each sample
-at its option, and gives the gates an estimate of the reference's gradient; ``mix_all`` runs every
-option on every sample as the reference code does (K times the work). A shape-changing block skips
-through its float32 projection shortcut, or cannot be skipped.
-
-The gradient estimate, the widths and every departure from the reference code: docs/methods/dfq.md.
-"""
+"""DFQ's gates and gated blocks (FracTrain Sec. 3.2, Eq. (1), Fig. 2; appendix F): a light embedding per block, one
+shared LSTM cell and linear layer, each sample's option by a straight-through argmax, and the two executions
+(``per_sample``, ``mix_all``). The gradient estimate, the widths and every departure: docs/methods/dfq.md."""
 
 from __future__ import annotations
 

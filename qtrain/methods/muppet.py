@@ -1,14 +1,6 @@
-"""MuPPET: multi-precision policy enforced training (Rajagopal et al., ICML 2020; AdaPT paper Sec. 2.2).
-
-Every Conv2d/Linear computes on dynamic fixed point (:func:`qtrain.quant.formats.dynamic_fixed_point`)
-at a word length global to the network, one power-of-two scale per tensor and batch, stochastic
-rounding: weights, activations and the output gradient on both backward paths. The word length follows
-``schedule`` (8 -> 12 -> 14 -> 16 -> float32), switched by the inter-epoch gradient diversity
-(:mod:`qtrain.methods.diversity`); the float32 stage decays the learning rate and stops as the reference
-code does. summary.json gets AdaPT's performance model (:mod:`qtrain.methods.priced`).
-
-The switching rule, its records and every departure from the reference code: docs/methods/muppet.md.
-"""
+"""MuPPET: multi-precision policy enforced training (Rajagopal et al., ICML 2020; AdaPT paper Sec. 2.2): dynamic fixed
+point at a word length global to the network, switched by the inter-epoch gradient diversity, priced by AdaPT's
+performance model. The switching rule, its records and the departures from the reference: docs/methods/muppet.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """OCP Microscaling training (OCP MX v1.0; Rouhani et al. 2023, "Microscaling Data Formats for Deep Learning",
-Sec. 6) and NVFP4 training (NVIDIA 2025): every GEMM operand in blocks that share a scale (32 elements and an E8M0
-scale for MX, 16 and an E4M3 scale under a float32 one for NVFP4), blocked along each GEMM's own reduction
-dimension; an element format per operand; NVFP4's recipe (stochastic rounding of gradients, 16 x 16 weight
-blocks, a random Hadamard transform of the weight-gradient GEMM's inputs) as options.
-
-Defaults, their sources and every departure from the spec, the paper and the reference codes: docs/methods/mx.md.
-"""
+Sec. 6) and NVFP4 training (NVIDIA 2025): every GEMM operand in blocks that share a scale, blocked along each GEMM's
+own reduction dimension, with NVFP4's recipe as options. Defaults, their sources and every departure from the spec,
+the paper and the reference codes: docs/methods/mx.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""PFQ: progressive fractional quantization (FracTrain Sec. 3.1, Algorithm 1; appendix A).
-
-SBM's range-linear quantizers stepped through a precision schedule FW(a0..an)/BW(g0..gn): weights and
-activations take the FW bits of the current stage, gradients on both backward paths the BW bits. The
-stage advances at the loss indicator's turning points (``switch: auto``) or after given epochs
-(``switch: manual``, Manual-PFQ), by :mod:`qtrain.methods.progressive`.
-
-Defaults, their sources and every departure from the paper and the reference code: docs/methods/pfq.md.
-"""
+"""PFQ: progressive fractional quantization (FracTrain Sec. 3.1, Algorithm 1; appendix A): SBM's range-linear
+quantizers stepped through a precision schedule FW(a0..an)/BW(g0..gn) (:mod:`qtrain.methods.progressive`).
+Defaults, their sources and every departure from the paper and the reference code: docs/methods/pfq.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Pricing a run with AdaPT's performance model (AdaPT paper Sec. 4.1.2): the part AdaPT and MuPPET share.
-
-A method that mixes in :class:`PricedByPerformanceModel` names its quantized layers in ``layers``,
-calls :meth:`price_step` once per micro-batch with each layer's word length and weight density (and, for
-AdaPT, lookback and resolution), and gets the model's figures into summary.json through :meth:`performance_report`.
-:meth:`price_step` also reads, at every step, the share of non-zeros of each of the model's other parameter
-tensors (biases, batch norm) for Table 5's sparsity, in one pass over them (:class:`NonzeroShares`).
-The model itself is :mod:`qtrain.cost.adapt_model`; baselines come from ``method.performance_model``.
-"""
+"""Pricing a run with AdaPT's performance model (AdaPT paper Sec. 4.1.2): the part AdaPT and MuPPET share, the mixin
+:class:`PricedByPerformanceModel` over the model of :mod:`qtrain.cost.adapt_model`. See docs/cost.md."""
 
 from __future__ import annotations
 
@@ -39,6 +32,11 @@ class NonzeroShares:
 
 
 class PricedByPerformanceModel(Method):
+    """A method that mixes this in names its quantized layers in ``layers``, calls :meth:`price_step` once per
+    micro-batch with each layer's word length and weight density (and, for AdaPT, lookback and resolution), and gets
+    the model's figures into summary.json through :meth:`performance_report`; baselines come from
+    ``method.performance_model``."""
+
     layers: dict[str, nn.Module]
     facts: RunFacts | None = None
     perf: PerformanceModel | None = None
@@ -60,6 +58,9 @@ class PricedByPerformanceModel(Method):
             self.perf = PerformanceModel(self._macs, numel, facts.accum_steps)
 
     def price_step(self, layers: dict[str, LayerState]) -> None:
+        """Price one micro-batch. Also reads, at every step, the share of non-zeros of each of the model's other
+        parameter tensors (biases, batch norm) for Table 5's sparsity, in one pass over them
+        (:class:`NonzeroShares`)."""
         if self.perf is not None:
             self.perf.add_step(layers, self._others())
 

@@ -1,11 +1,6 @@
-"""When to move to the next stage of a progressive schedule (FracTrain Sec. 3.1, Algorithm 1; appendix A).
-
-PFQ steps through precision stages and FracTrain through cp targets; both advance either at the
-turning points of the training loss (``switch: auto``, the paper's indicator over a window of epoch
-losses normalized by ``L_scale``, epsilon decaying by alpha at every turning point) or at given
-epochs (``switch: manual``, the appendix's Manual-PFQ). The indicator and its departures from the
-reference code: docs/methods/pfq.md.
-"""
+"""When to move to the next stage of a progressive schedule (FracTrain Sec. 3.1, Algorithm 1; appendix A): PFQ's
+precision stages and FracTrain's cp targets, at the loss indicator's turning points or at given epochs.
+The indicator and its departures from the reference code: docs/methods/pfq.md."""
 
 from __future__ import annotations
 

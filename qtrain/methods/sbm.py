@@ -1,13 +1,6 @@
-"""SBM: 8-bit training with range-based linear quantization (Banner et al., NeurIPS 2018, Sec. 3).
-
-Weights per output channel (nearest), activations per tensor with a running range for evaluation
-(nearest), ``grad_output`` per tensor (stochastic), on the error path at ``grad_bits`` and on the
-weight-gradient path at ``grad_weight_bits`` (both readings of "FW-8/BW-16"). The same quantizers serve
-PFQ, DFQ and FracTrain, which differ from SBM only in which bits they use when
-(:func:`range_linear_quantizers`).
-
-Defaults, their sources and every departure from the paper and the reference code: docs/methods/sbm.md.
-"""
+"""SBM: 8-bit training with range-based linear quantization (Banner et al., NeurIPS 2018, Sec. 3), and its quantizers
+(:func:`range_linear_quantizers`), which also serve PFQ, DFQ and FracTrain. Defaults, their sources, the two readings
+of "FW-8/BW-16" and every departure from the paper and the reference code: docs/methods/sbm.md."""
 
 from __future__ import annotations
 

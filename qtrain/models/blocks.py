@@ -1,12 +1,5 @@
-"""The block unit that DFQ gates (FracTrain Sec. 3.2): a residual block that may be skipped.
-
-Models mark their blocks by subclassing :class:`Block`. ``identity`` says whether the block's input
-and output have the same shape, so that skipping it (DFQ's FW-0/BW-0 option, SkipNet's skip) is the
-identity. A block that changes the shape can be skipped only through its projection shortcut, as
-SkipNet and FracTrain's reference code do (``projection``: where ``projection_name`` is set, the block's
-``shortcut`` is a 1x1 convolution followed by batch norm, and ``projection_name`` names that
-convolution); one without a projection must always run.
-"""
+"""The block unit that DFQ gates (FracTrain Sec. 3.2): a residual block that may be skipped, which models mark by
+subclassing :class:`Block`. See docs/models.md."""
 
 from __future__ import annotations
 
@@ -15,6 +8,12 @@ from torch import nn
 
 
 class Block(nn.Module):
+    """A residual block that DFQ may skip. ``identity``: its input and output have the same shape, so skipping it
+    (DFQ's FW-0/BW-0 option, SkipNet's skip) is the identity. A block that changes the shape can be skipped only
+    through its projection shortcut, as SkipNet and FracTrain's reference code do (where ``projection_name`` is set,
+    ``shortcut`` is a 1x1 convolution followed by batch norm and ``projection_name`` names that convolution); one
+    without a projection must always run."""
+
     identity: bool = False
     projection_name: str | None = None
 

@@ -1,11 +1,6 @@
-"""MobileNetV2 (Sandler et al., 2018) for 32x32 inputs, the CIFAR variant FracTrain trains (Sec. 4.2, Table 1).
-
-The layout is the reference code's (GATECH-EIC/FracTrain ``fractrain_cifar/models.py``): ImageNet's stages
-with CIFAR strides, inverted residual blocks (1x1 expansion, 3x3 depthwise, 1x1 linear projection) with
-ReLU; every stride-1 block is residual, through a 1x1 projection shortcut where the width changes (what
-DFQ's skip runs). The depthwise convolutions are what the quantized methods hold at FW-8/BW-16.
-See docs/models.md.
-"""
+"""MobileNetV2 (Sandler et al., 2018) for 32x32 inputs, the CIFAR variant FracTrain trains (Sec. 4.2, Table 1), in
+the reference code's layout (GATECH-EIC/FracTrain ``fractrain_cifar/models.py``). The layout, what DFQ's skip runs
+and the depthwise convolutions' precision: docs/models.md."""
 
 from __future__ import annotations
 

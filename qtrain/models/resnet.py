@@ -1,12 +1,6 @@
-"""ResNet-18 and ResNet-34 (He et al., 2016) in their ImageNet form and their CIFAR form, from one definition.
-
-Four stages of BasicBlocks (ResNet-18: 2/2/2/2, ResNet-34: 3/4/6/3) with 64/128/256/512 channels, 1x1-conv
-projection shortcuts where the shape changes (torchvision's ``resnet18``/``resnet34`` layout), global
-average pooling and a linear classifier. The forms differ in the stem only: ImageNet's 7x7 stride-2
-convolution and 3x3 stride-2 max-pool, or CIFAR's 3x3 stride-1 convolution without pooling (the form
-DYNASTY's CIFAR-100 row trains, DYNASTY paper Sec. 5.1). ``stem: auto`` takes the CIFAR form for inputs up
-to 64 x 64 and the ImageNet form above.
-"""
+"""ResNet-18 and ResNet-34 (He et al., 2016) in their ImageNet form and their CIFAR form, from one definition: the
+forms differ in the stem only (the CIFAR form is DYNASTY's CIFAR-100 row's, DYNASTY paper Sec. 5.1; ``stem: auto``
+takes it for inputs up to 64 x 64). See docs/models.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The CIFAR ResNets of He et al.: depth 6n+2 with basic blocks (ResNet-20/38/74/110: n = 3/6/12/18) and
-depth 9n+2 with bottleneck blocks (ResNet-164: n = 18, FracTrain appendix B).
-
-Three stages of n blocks with 16/32/64 channels (FracTrain's reference code, GATECH-EIC/FracTrain
-``fractrain_cifar/models.py``), 1x1-conv projection shortcuts with batch norm, global average pooling.
-ResNet-164's bottleneck block is the post-activation form of every other FracTrain ResNet. The
-initialization and why ResNet-164 takes that form: docs/models.md.
-"""
+"""The CIFAR ResNets of He et al.: depth 6n+2 with basic blocks (ResNet-20/38/74/110: n = 3/6/12/18) and depth
+9n+2 with bottleneck blocks (ResNet-164: n = 18, FracTrain appendix B), in FracTrain's reference code's layout.
+The layout, the initialization and why ResNet-164 takes that form: docs/models.md."""
 
 from __future__ import annotations
 

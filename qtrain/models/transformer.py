@@ -1,11 +1,6 @@
-"""A decoder-only Transformer language model (Vaswani et al., 2017; FracTrain Sec. 4.1, appendix D).
-
-Scaled token embeddings and sinusoidal positions, post-norm blocks of causal multi-head attention and a
-ReLU feed-forward network, and a projection to the vocabulary that shares the embedding's weights. Every
-GEMM is a module the cost profile sees and a method can quantize: the linear layers and attention's two
-products of activations (:class:`~qtrain.quant.layers.MatMul`). Its sizes come from the config, by preset
-(``model.preset``: :data:`qtrain.config.models.PRESETS`) or one by one. See docs/models.md.
-"""
+"""A decoder-only Transformer language model (Vaswani et al., 2017; FracTrain Sec. 4.1, appendix D), every GEMM a
+module the cost profile sees and a method can quantize; its sizes by preset (:data:`qtrain.config.models.PRESETS`)
+or one by one. See docs/models.md."""
 
 from __future__ import annotations
 

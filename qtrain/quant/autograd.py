@@ -1,14 +1,6 @@
-"""Autograd primitives of quantized training.
-
-- :func:`quantize_ste`: quantize in forward, pass the gradient straight through.
-- :func:`quantize_grad`: identity in forward, quantize ``grad_output`` in backward.
-- :class:`QuantizedGEMM`: a convolution or linear layer on quantized operands whose backward quantizes
-  ``grad_output`` for the error path and, at another precision where asked, for the weight-gradient path
-  (SBM's "BW-16" bifurcation); it saves the quantized activation as integer codes. An observer (DYNASTY's
-  sensitivity analytics) sees the gradients w.r.t. the input and the weight.
-- :class:`QuantizedMatMul`: a product of two activations (attention's QK^T and attention x V), the same
-  three GEMMs with the second operand in the weight's place.
-"""
+"""Autograd primitives of quantized training: the straight-through quantizer (:func:`quantize_ste`), the gradient
+quantizer (:func:`quantize_grad`), and the three quantized GEMMs of a Conv2d or Linear (:class:`QuantizedGEMM`)
+and of two activations (:class:`QuantizedMatMul`). docs/formats.md ("Quantizers and layers") describes them."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Block floating point under a per-block bit-width map, with per-block sensitivities (DYNASTY Sec. 3.1-3.2).
-
-Every training operand is cut into 4 x 4 blocks that share one exponent, along the dimensions
-:func:`operand_dims` chooses per layer. :class:`WeightMap` quantizes the weight by its map (the mapped
-operand of the forward and error GEMMs); :class:`ActivationMap` keeps the activation quantized by its map
-for the weight-gradient GEMM (and, ``in_forward``, the forward GEMM); :class:`Sensitivity` is the backward
-observer that adds each block's eq. 1 sensitivity to the operand's accumulator. A map is an int32 tensor
-with one entry per block in :func:`~qtrain.quant.formats.tile_view`'s order; maps and accumulators are
-plain attributes that the method sets, reads and saves. The layouts: docs/formats.md.
-"""
+"""Block floating point under a per-block bit-width map, with per-block sensitivities (DYNASTY Sec. 3.1-3.2):
+the weight's and the activation's quantizers by map (:class:`WeightMap`, :class:`ActivationMap`) and the backward
+observer that adds up each block's eq. 1 sensitivity (:class:`Sensitivity`). The layouts: docs/formats.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The element formats of FP8 and the OCP Microscaling formats, and rounding onto them (docs/formats.md).
-
-E4M3 and E5M2 are the OCP 8-bit floats (torch's ``float8_e4m3fn`` and ``float8_e5m2``); E3M2 and E2M3 (FP6)
-and E2M1 (FP4) are the MX spec's small floats, which encode no infinity or NaN; INT8 is MXINT8's element, an
-8-bit integer with an implicit scale of 2^-6. :func:`round_to_element` rounds float32 onto an element's grid
-with the IEEE float kernel of :mod:`qtrain.quant.formats` (:func:`~qtrain.quant.formats.float_grid`),
-saturating: finite values beyond the largest normal become ±largest normal, as the MX spec's conversion and
-the FP8 training recipes do.
-"""
+"""The element formats of FP8 and the OCP Microscaling formats (E4M3, E5M2, E3M2, E2M3, E2M1, INT8), and rounding
+onto them, saturating (:func:`round_to_element`). The grids, their special values and sources: docs/formats.md."""
 
 from __future__ import annotations
 

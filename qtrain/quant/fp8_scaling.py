@@ -1,11 +1,6 @@
-"""FP8 with one float32 scale per tensor, as NVIDIA Transformer Engine scales it (docs/formats.md).
-
-A tensor is quantized as ``q = round_to_element(x * scale)`` (saturating) and read back as ``q * scale_inv``
-with ``scale_inv = 1 / scale``. The scale comes from an amax (largest magnitude): ``(max_normal / amax) /
-2^margin``, so the amax lands on the format's largest value less ``margin`` binades. Current scaling takes
-the amax of the tensor being quantized (:func:`current_scaled_fp8`); delayed scaling takes it from a history
-of the amaxes of earlier steps (:class:`AmaxHistory`), as Transformer Engine's ``DelayedScaling`` recipe.
-"""
+"""FP8 with one float32 scale per tensor, as NVIDIA Transformer Engine scales it: current scaling from the tensor's
+own amax (:func:`current_scaled_fp8`) and delayed scaling from a history of earlier amaxes (:class:`AmaxHistory`).
+The scale and the order of its updates: docs/formats.md."""
 
 from __future__ import annotations
 

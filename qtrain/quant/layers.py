@@ -1,16 +1,6 @@
-"""Quantized Conv2d, Linear and MatMul, and the one call that installs them in a model (torchao's style).
-
-A quantized layer keeps the float32 master weight as its parameter and holds one
-:class:`OperandQuantizers` (one quantizer, or None for float32, per operand of its three GEMMs).
-:class:`MatMul` is the GEMM of two activations (a Transformer's QK^T and attention x V) as a module, so
-that the cost profile sees it and :func:`swap_layers` can quantize it: its second operand takes the
-weight's place in the three GEMMs (forward ``a @ b``, error GEMM ``G @ b^T``, and ``a^T @ G`` in the
-weight-gradient GEMM's place), and is quantized by the ``weight`` quantizer.
-Where the quantizers allow it, per-sample activation and gradient bit-widths can be set around a
-forward (``sample_bits``: DFQ's per-input precision, FracTrain Sec. 3.2).
-A layer may instead hold :class:`~qtrain.quant.scaled_gemm.ScaledOperands` (FP8, MX, NVFP4), whose GEMMs each
-quantize their own operands.
-"""
+"""Quantized Conv2d, Linear and MatMul, and the one call that installs them in a model (:func:`swap_layers`, torchao's
+style). A layer keeps its float32 master weight and holds :class:`OperandQuantizers` or, for FP8, MX and NVFP4,
+:class:`~qtrain.quant.scaled_gemm.ScaledOperands`. docs/formats.md ("Quantizers and layers") describes them."""
 
 from __future__ import annotations
 

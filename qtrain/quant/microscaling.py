@@ -1,14 +1,6 @@
-"""Block-scaled formats: OCP Microscaling (MX) and NVIDIA's NVFP4, and NVFP4's random Hadamard transform (docs/formats.md).
-
-- **MX** (OCP MX v1.0): blocks of 32 consecutive elements along one dimension share an E8M0 scale (a power of
-  two, 2^-127..2^127); elements in E4M3, E5M2 (MXFP8), E3M2, E2M3 (MXFP6), E2M1 (MXFP4) or INT8 (MXINT8).
-- **NVFP4**: blocks of 16 share an E4M3 scale, under one float32 scale per tensor; E2M1 elements. With
-  ``two_d``, 16 x 16 tiles of the last two dimensions share the scale (NVIDIA's recipe for weights, so a
-  weight and its transpose quantize to the same values).
-
-Each function returns the tensor dequantized, in float32, in the input's shape; a last partial block is
-quantized as if zero-padded. ``SCALE_BITS`` and the block sizes are what the cost meter charges per block.
-"""
+"""Block-scaled formats: OCP Microscaling (MX: blocks of 32 with an E8M0 scale), NVIDIA's NVFP4 (blocks of 16 with an
+E4M3 scale under a float32 one per tensor) and NVFP4's random Hadamard transform. Each function returns the tensor
+dequantized, in float32, in the input's shape. The formats and the cost meter's constants: docs/formats.md."""
 
 from __future__ import annotations
 

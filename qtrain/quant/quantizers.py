@@ -1,12 +1,5 @@
-"""Quantizers: a number format with its parameters and state, as a module (tensor in, tensor out).
-
-A quantizer is what a layer holds for one operand (weight, activation, gradient). Being modules,
-they follow ``.train()``/``.eval()`` and their state (the running activation range that SBM uses at
-evaluation) lands in the model's ``state_dict`` and so in every checkpoint. Rounding follows
-:mod:`qtrain.quant.formats`: nearest is round-half-to-even, stochastic rounds up with probability
-equal to the fraction. Besides ``forward`` a quantizer offers ``forward_with_mask`` (where a
-straight-through gradient passes) and ``compact``/``expand``/``masked_grad`` (what backward saves).
-"""
+"""Quantizers: a number format with its parameters and state, as a module (tensor in, tensor out) that a layer holds
+for one operand (weight, activation, gradient). Their state, rounding and what backward saves: docs/formats.md."""
 
 from __future__ import annotations
 

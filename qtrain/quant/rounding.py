@@ -1,13 +1,6 @@
-"""Rounding onto integer grids: nearest and stochastic, exact power-of-two scaling, fused kernels.
-
-Every number format in :mod:`qtrain.quant.formats` reduces to an integer grid: it expresses ``x`` in units of
-its step, rounds that with :func:`round_codes`, clamps the codes and maps them back. Nearest rounding is
-round-half-to-even everywhere, as torch's own casts do. Stochastic rounding rounds ``t`` up with probability
-equal to its fractional part, code ``floor(t) + (u < frac)``, with ``u`` from a counter-based hash keyed by
-torch's default generator (:func:`uniform_at`), so runs repeat and resume. :func:`scale_pow2` scales by 2^k
-exactly; :func:`fused` runs a format's whole computation as one torch.compile kernel, eager where compilation
-is unavailable, with bit-identical results. Why each choice: docs/formats.md.
-"""
+"""Rounding onto integer grids: nearest (half to even) and stochastic (draws from a counter-based hash keyed by torch's
+default generator, so runs repeat and resume), exact power-of-two scaling (:func:`scale_pow2`) and the fused
+torch.compile kernels (:func:`fused`). Why each choice: docs/formats.md."""
 
 from __future__ import annotations
 

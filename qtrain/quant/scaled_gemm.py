@@ -1,14 +1,6 @@
-"""The three training GEMMs of a layer on operands in scaled formats (FP8, OCP MX, NVFP4).
-
-Each GEMM quantizes its two operands along the dimension it reduces over, from their float32 values (as
-microsoft/microxcaling, torchao's MX training and Transformer Engine's MXFP8 recipe do: an operand used in two
-GEMMs is blocked separately for each, never re-quantized from its other blocking). The dimensions of each GEMM,
-for a Conv2d, a Linear and a MatMul, and why: docs/methods/mx.md. A per-tensor (FP8) quantizer is applied once
-per operand and step, its result used in both GEMMs. The gradient passes straight through every quantizer
-(saturating formats clamp nothing away). With ``hadamard_wgrad`` the weight-gradient GEMM's operands are
-rotated by one random Hadamard transform along its reduction dimension before they are quantized (NVFP4's
-recipe; a MatMul's ``a^T @ G``, an activation's gradient, is not rotated).
-"""
+"""The three training GEMMs of a layer on operands in scaled formats (FP8, OCP MX, NVFP4), each GEMM quantizing its
+operands from their float32 values along the dimension it reduces over. The dimensions of each GEMM, for a Conv2d, a
+Linear and a MatMul, and why: docs/methods/mx.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Quantizers of the scaled formats: FP8 with a per-tensor scale, OCP MX and NVFP4 with per-block scales.
-
-Each is called with the operand and the dimension the GEMM reduces it over (:mod:`qtrain.quant.scaled_gemm`):
-a block-scaled quantizer (``per_gemm``) forms its blocks along that dimension, so an operand that enters two
-GEMMs is quantized for each along its own reduction dimension; a per-tensor one ignores it and is applied once
-per step. ``bits`` is what the cost meter charges per element: the element's bits plus the scale's bits
-amortized over the elements that share it (8 per 32 for MX, 8 per 16 plus 32 per tensor for NVFP4, 32 per
-tensor for FP8), read from the last tensor quantized. :class:`Bfloat16` is the unscaled 16-bit format of the
-layers a recipe keeps out of its scaled one. The formats themselves: docs/formats.md.
-"""
+"""Quantizers of the scaled formats: FP8 with a per-tensor scale, OCP MX and NVFP4 with per-block scales, and unscaled
+bfloat16 for the layers a recipe keeps out of its scaled format (:class:`Bfloat16`). What ``bits`` charges:
+docs/cost.md ("Scaled formats"); the formats themselves: docs/formats.md."""
 
 from __future__ import annotations
 
@@ -24,8 +17,11 @@ TENSOR_SCALE_BITS = 32  # a float32 per-tensor scale (FP8, NVFP4's second level)
 
 
 class ScaledQuantizer(nn.Module):
-    """Base: ``forward(x, dim)`` gives ``x`` on the format's grid, dequantized to float32."""
+    """Base: ``forward(x, dim)`` gives ``x`` on the format's grid, dequantized to float32; ``dim`` is the dimension the
+    GEMM reduces ``x`` over (:mod:`qtrain.quant.scaled_gemm`)."""
 
+    # True: blocks form along each call's ``dim``, so an operand that enters two GEMMs is quantized for each along its
+    # own reduction dimension; False: one quantization serves the step (a per-tensor scale ignores ``dim``)
     per_gemm = False
     fmt = "scaled"
     element: ElementFormat

@@ -1,11 +1,6 @@
-"""``qtrain-report DIR...``: the command that reads run directories and writes the report.
-
-Parses the arguments, reads the runs (:mod:`qtrain.report.runs`, each identity once), and prints the runs
-table (:mod:`qtrain.report.tables`), with ``--paper`` the published tables beside ours (:mod:`qtrain.report.paper`),
-with ``--reference`` the runs beside a reference learning curve (:mod:`qtrain.report.reference`), and optionally
-writes CSV, LaTeX, PNG plots (:mod:`qtrain.report.run_plots`, ``paper_plots``, ``pareto``) and one HTML page. Errors are one line,
-``qtrain-report: error: ...``, exit code 2, before anything is written. docs/reports.md describes the report.
-"""
+"""``qtrain-report DIR...``: the command that reads run directories and writes the report: the runs table, with
+``--paper`` the published tables beside ours, with ``--reference`` a reference curve, and CSV, LaTeX, plots and HTML.
+docs/reports.md describes the report and its one-line errors."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Paper mode: the published tables (``results/paper/*.csv``) with our runs' figures beside them.
-
-:func:`compare` matches each cell to the runs of its method, model, data and setting and reads its figure
-(relative ones against the table's baseline cell, AdaPT's SU2 against the report's float32 runs of the same
-setup); :func:`views` splits a table into its paper-scale part and, for reduced-scale or stand-in runs, the
-part that compares across scales (:data:`SCALE_BOUND` figures as differences or savings) and the absolute
-figures as context; :func:`missing` lists the cells no run matches, with why or the command that makes them.
-The CSV schema and metric vocabulary are ``results/paper/README.md``'s; docs/reports.md describes paper mode,
-docs/methods/adapt.md SU2's departure from the reference.
-"""
+"""Paper mode: the published tables (``results/paper/*.csv``, schema in ``results/paper/README.md``) with our runs'
+figures beside them (:func:`compare`), cut into their comparable and scale-bound parts (:func:`views`), and the cells
+no run matches (:func:`missing`). docs/reports.md describes paper mode, docs/methods/adapt.md SU2's departure."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Runs against a reference learning curve: a published training log turned into per-epoch CSV files.
-
-``qtrain-report RUN... --reference FILE`` reads FILE (``results/reference/*.csv``, written by
-``scripts/reference_curves.py`` from the FracTrain authors' logs, or any file of the same columns) and sets the runs'
-own epochs beside it: a table of per-epoch differences with their mean and largest size, a figure of the runs' curves
-over the reference's, and, where the reference has a ``_gates`` file beside it, each gated block's option shares at
-chosen epochs side by side. docs/reports.md ("Against a reference curve") says how the differences are counted.
-
-The reference's columns (the logs' own units): ``epoch`` (1 for the first), and any of ``train_loss`` and
-``train_acc`` (the epoch's own mean loss and top-1 in percent; where ``cp_source`` says ``logged``, a gated run's
-log, its loss holds the signed cost term, and ours is compared as ``train_loss + cost_term``), ``test_loss``,
-``test_acc`` (percent) and ``cp`` (the epoch's computation in percent of float32's). Its gates file
-(``<stem>_gates.csv`` beside it): ``epoch``, ``block`` (the gated blocks numbered from 0 in the network's order) and
-one column of shares per option, ``optK_skip`` or ``optK_fwA_bwB``. A run's gated blocks are its
-``<stage>.<index>.block`` modules in that order.
-"""
+"""Runs against a reference learning curve (``qtrain-report RUN... --reference FILE``): a published training log as a
+per-epoch CSV file, set beside the runs' epochs as tables of differences, a figure and the gates' option shares.
+docs/reports.md ("Against a reference curve") says how the differences are counted."""
 
 from __future__ import annotations
 
@@ -57,7 +44,15 @@ def _read(path: Path, what: str) -> pd.DataFrame:
 
 
 def load_reference(path: Path) -> Reference:
-    """The reference curve in ``path`` and its gates file (``<stem>_gates.csv`` beside it), if there is one."""
+    """The reference curve in ``path`` and its gates file (``<stem>_gates.csv`` beside it), if there is one.
+
+    The curve's columns, in the logs' own units: ``epoch`` (1 for the first), and any of ``train_loss`` and
+    ``train_acc`` (the epoch's own mean loss and top-1 in percent; where ``cp_source`` says ``logged``, a gated run's
+    log, its loss holds the signed cost term, and ours is compared as ``train_loss + cost_term``), ``test_loss``,
+    ``test_acc`` (percent) and ``cp`` (the epoch's computation in percent of float32's). The gates file's: ``epoch``,
+    ``block`` (the gated blocks numbered from 0 in the network's order) and one column of shares per option,
+    ``optK_skip`` or ``optK_fwA_bwB``.
+    """
     raw = curve = _read(path, "it")
     known = [column for column, *_ in COLUMNS if column in curve]
     if "epoch" not in curve or not known:
@@ -161,6 +156,8 @@ def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str] | None:
     if precision.empty or not {"layer", "share", "act_bits", "grad_bits"} <= set(precision) \
             or epoch not in set(precision.epoch):
         return None
+    # a run's gated blocks are its ``<stage>.<index>.block`` modules, numbered from 0 in the network's order (as the
+    # reference's gates file numbers its blocks)
     layers = [name for name in dict.fromkeys(precision.layer) if ".block." in str(name)]
     blocks = sorted({name.split(".block.")[0] for name in layers}, key=_network_order)
     if not blocks:

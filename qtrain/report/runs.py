@@ -1,12 +1,6 @@
-"""Run directories as the report reads them: each run's summary, config, metrics, precision trace and status.
-
-:class:`Run` reads one directory (a folder holding ``summary.json``, ``checkpoint.pt`` or ``metrics.csv``):
-its status, its figures (from the last ``metrics.csv`` row while it has no summary), its scale and the data it
-stands for; a file that cannot be read makes it ``damaged: <file>: <why>`` and the report goes on; its notes say
-what a status does not (a table of its epochs missing, a training loss that exploded).
-:func:`find_runs` finds the runs under the given folders; :func:`one_per_identity` keeps one directory per
-identity. docs/reports.md describes statuses and scales; docs/running.md the files (written by ``results.py``).
-"""
+"""Run directories as the report reads them (:class:`Run`): each run's summary, config, metrics, precision trace,
+status and notes; :func:`find_runs` finds them, :func:`one_per_identity` keeps one directory per identity.
+docs/reports.md describes statuses and scales; docs/running.md the files (written by ``results.py``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The runs table: one row per configuration, its seeds averaged (mean ± std), as pandas frames.
-
-:func:`run_frame` gives each run's configuration columns (method, model, data, scale, :func:`setting`, config)
-and figures; :func:`summary_frame` groups the runs that differ only in ``seed`` or ``data.fold`` into one row
-(their mean ± std, or the best run's figures), with savings against a baseline row; :func:`display_frame`
-formats it for reading. docs/reports.md ("The runs table") says what a row's setting and config hold.
-"""
+"""The runs table as pandas frames: each run's configuration and figures (:func:`run_frame`), one row per
+configuration with its seeds averaged (:func:`summary_frame`), formatted for reading (:func:`display_frame`).
+docs/reports.md ("The runs table") says what a row's setting and config hold."""
 
 from __future__ import annotations
 
