@@ -287,6 +287,45 @@ def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
         assert cp == pytest.approx(meter.percent_of_float32())
 
 
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_weight_gradient_cp_counts_that_gemm_alone_as_the_reference_does_at_weight_bits_0(scope):
+    # the reference's train_dp.py at --weight_bits 0 prices an option's forward and error GEMMs at a*0/1024 and
+    # g*0/1024, its weight-gradient GEMM at a*g/1024, and divides by three GEMMs' float32 cost
+    dfq, net, meter = _prepared(OPTIONS, "method.weight_bits=null", "method.cp_gemms=weight_gradient",
+                                f"method.cp_scope={scope}", "method.cp_weights=macs")
+    net.gate_controller.forced = 1  # every block at FW-2/BW-6, the weights float32
+    _step(dfq, net, meter, torch.randn(8, 3, 8, 8))
+    macs = meter.table().set_index("layer")["macs_per_sample"]
+    per_block = macs[macs.index.str.contains(".block.", regex=False)].groupby(lambda n: n.split(".block.")[0]).sum()
+    assert len(per_block) == len(dfq.blocks)
+    for b, layers in enumerate(dfq.block_layers):
+        name = layers[0][0].split(".block.")[0]
+        weight = per_block[name] / per_block.mean()  # the cost term's unit: the mean block's float32 forward MACs
+        assert dfq.cost_units[b].tolist() == pytest.approx([0.0, weight * 2 * 6 / 1024, weight * 4 * 12 / 1024])
+    block = per_block.sum()
+    rest = macs.sum() - block  # stem, classifier, gates: float32, of whose GEMMs one is counted
+    cp = dfq._cp_sum / dfq._samples
+    if scope == "blocks":
+        assert cp == pytest.approx(100 * 2 * 6 / 1024 / 3)
+    else:
+        assert cp == pytest.approx(100 * (rest + block * 2 * 6 / 1024) / (3 * macs.sum()))
+    # the cost meter charges every GEMM, the float32 weights at 32 bits
+    assert meter.total() == pytest.approx(8 * (3 * rest + block * _fractions(32, 2, 6)))
+
+
+@pytest.mark.slow
+def test_float32_weights_stay_unquantized_while_the_options_set_activations_and_gradients():
+    dfq, net, meter = _prepared(OPTIONS, "method.weight_bits=null")
+    layer = net.layer3[1].block.conv2
+    assert layer.quant.weight is None and layer.quant.act is not None
+    assert torch.equal(layer.quantized_weight(), layer.weight)
+    net.gate_controller.forced = 2
+    _step(dfq, net, meter, torch.randn(4, 3, 8, 8))
+    bits = dfq.precision()["layer3.1.block.conv2"].options[0][1]
+    assert (bits.weight, bits.act, bits.grad, bits.grad_weight) == (32, 4, 12, 12)
+    assert dfq._cp_sum / dfq._samples == pytest.approx(100 * _fractions(32, 4, 12) / 3)
+
+
 @pytest.mark.parametrize("projection", ["float32", "quantized"])
 @pytest.mark.slow
 def test_resnet18s_projection_shortcuts_run_in_float32_outside_cp_as_the_references_imagenet_code(projection):
@@ -471,6 +510,7 @@ def test_appendix_g_targets_by_hand():
     ("method.execution=sometimes", "method.execution='sometimes' is not allowed"),
     ("method.weight_bits=0", "method.weight_bits=0 is not allowed"),
     ("method.cp_scope=layer", "method.cp_scope='layer' is not allowed"),
+    ("method.cp_gemms=forward", "method.cp_gemms='forward' is not allowed"),
     ("method.skip_downsample=maybe", "method.skip_downsample='maybe' is not allowed"),
     ("method.skip_charge=half", "method.skip_charge='half' is not allowed"),
     ("model.dfq_gate.width=0", "method.gate.width=0 is not allowed"),

@@ -32,7 +32,8 @@ def test_the_identity_of_a_config_is_what_it_was(overrides):
 
 # keys added after runs were committed: at the value those runs had, left out of the identity
 @pytest.mark.parametrize("key,before,other,overrides", [("train.eval_every", 1, 3, ()),
-                                                        ("method.scale_rule", "floor", "ceil", ("method=mx",))])
+                                                        ("method.scale_rule", "floor", "ceil", ("method=mx",)),
+                                                        ("method.cp_gemms", "all", "weight_gradient", ("method=dfq",))])
 def test_a_key_added_later_keeps_the_identity_at_the_value_runs_had_before_it(key, before, other, overrides):
     assert OMITTED_AT[key] == before
     config = make_config(*overrides, f"{key}={before}")

@@ -51,6 +51,7 @@ RUN_KEYS: dict[str, RunKey] = {
     "train.eval_every": RunKey(omitted_at=1),
     "method.scale_rule": RunKey(omitted_at="floor"),  # MX's
     "method.matmuls": RunKey(omitted_at="quantized"),  # FP8's and MX's
+    "method.cp_gemms": RunKey(omitted_at="all"),  # DFQ's and FracTrain's
 }
 NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
 PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)

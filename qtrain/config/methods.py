@@ -389,6 +389,11 @@ class CpWeights(Choice):
     MACS = "macs"  # each block's MACs
 
 
+class CpGemms(Choice):
+    ALL = "all"  # the forward, error and weight-gradient GEMMs
+    WEIGHT_GRADIENT = "weight_gradient"  # the weight-gradient GEMM alone, over the same three-GEMM float32 cost
+
+
 class Execution(Choice):
     PER_SAMPLE = "per_sample"
     MIX_ALL = "mix_all"
@@ -433,9 +438,10 @@ class Gated(RangeLinear):
 
     allocating = True
     options: Any  # the model config's [fw, bw] pairs (gate_options)
-    weight_bits: Bits
+    weight_bits: Bits | None  # None: the weights stay float32
     cp_scope: CpScope
     cp_weights: CpWeights
+    cp_gemms: CpGemms
     beta: float = bounded(0, low_open=True)
     execution: Execution
     skip_downsample: SkipDownsample

@@ -21,7 +21,7 @@ from qtrain.methods.gates import GateController, GatedBlock
 from qtrain.methods.sbm import is_depthwise, range_linear_quantizers, uniform_record
 from qtrain.models.blocks import Block
 from qtrain.precision import FLOAT32, Bits, LayerPrecision, PrecisionRecord
-from qtrain.quant.layers import swap_layers
+from qtrain.quant.layers import OperandQuantizers, swap_layers
 from qtrain.quant.quantizers import RangeLinear
 
 
@@ -54,8 +54,19 @@ class DFQ(Method):
         return float(self.cfg.target_cp)
 
     def _bits(self, fw: int, bw: int) -> Bits:
-        """Activations at ``fw``, both gradient paths at ``bw``, weights at ``weight_bits``."""
-        return Bits(self.cfg.weight_bits, fw, bw, bw)
+        """Activations at ``fw``, both gradient paths at ``bw``, weights at ``weight_bits`` (None: float32)."""
+        return Bits(32 if self.cfg.weight_bits is None else self.cfg.weight_bits, fw, bw, bw)
+
+    def _quantizers(self, fw: int, bw: int) -> OperandQuantizers:
+        """SBM's quantizers at :meth:`_bits`, none for the weights where they stay float32."""
+        quantizers = range_linear_quantizers(self._bits(fw, bw), self.cfg)
+        if self.cfg.weight_bits is None:
+            quantizers.weight = None
+        return quantizers
+
+    def _counted(self, fractions: tuple[float, float, float]) -> float:
+        """What cp and the cost term count of a layer's forward, error and weight-gradient GEMM costs (``cp_gemms``)."""
+        return fractions[2] if self.cfg.cp_gemms is schemas.CpGemms.WEIGHT_GRADIENT else sum(fractions)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         cfg = self.cfg
@@ -87,10 +98,10 @@ class DFQ(Method):
             if ".embed." in name or name.startswith("gate_controller.") or float32_projection(name):
                 return None  # the gates stay float32, and so may the projection shortcuts
             if is_depthwise(layer) and cfg.depthwise_bits is not None:
-                return range_linear_quantizers(self._bits(cfg.depthwise_bits.fw, cfg.depthwise_bits.bw), cfg)
+                return self._quantizers(cfg.depthwise_bits.fw, cfg.depthwise_bits.bw)
             if block_of(name) is not None:  # bits set per sample, at most the widest option's (which sizes the codes)
-                return range_linear_quantizers(self._bits(*map(max, zip(*self.run_options))), cfg)
-            return None if cfg.outside is None else range_linear_quantizers(self._bits(cfg.outside.fw, cfg.outside.bw), cfg)
+                return self._quantizers(*map(max, zip(*self.run_options)))
+            return None if cfg.outside is None else self._quantizers(cfg.outside.fw, cfg.outside.bw)
 
         swapped = swap_layers(model, quantizers)
         per_option = [self._bits(fw, bw) for fw, bw in self.run_options]
@@ -142,9 +153,10 @@ class DFQ(Method):
             macs = profile_macs(model, sample)
         rows, block_macs = [], []
         for layers, projection in zip(self.block_layers, self.skip_layers):
-            row = [sum(macs[n] * sum(bits[k].gemm_fractions()) for n, bits in layers) for k in range(len(self.run_options))]
+            row = [sum(macs[n] * self._counted(bits[k].gemm_fractions()) for n, bits in layers)
+                   for k in range(len(self.run_options))]
             charged = projection is not None and self.cfg.skip_charge is schemas.SkipCharge.PROJECTION
-            skip = [3.0 * macs[projection] if charged else 0.0] * self.has_skip
+            skip = [self._counted(FLOAT32.gemm_fractions()) * macs[projection] if charged else 0.0] * self.has_skip
             rows.append(skip + row)
             block_macs.append(sum(macs[n] for n, _ in layers))
         costs = torch.tensor(rows, dtype=torch.float64)  # effective MACs per sample
@@ -159,7 +171,8 @@ class DFQ(Method):
             float32 = 3.0 * sum(macs.values())
             cost_cp = costs * (100.0 / float32)
             fixed = 100.0 / float32 * sum(
-                m * sum(self.outside_record[n].gemm_fractions if n in self.outside_record else (1.0, 1.0, 1.0))
+                m * self._counted(self.outside_record[n].gemm_fractions if n in self.outside_record
+                                  else FLOAT32.gemm_fractions())
                 for n, m in macs.items() if n not in in_blocks)
         device = next(model.parameters()).device
         self.cost_cp = cost_cp.to(device, torch.float32)
