@@ -287,21 +287,27 @@ def test_forced_option_costs_the_closed_form_and_cp_follows_its_scope(scope):
         assert cp == pytest.approx(meter.percent_of_float32())
 
 
-@pytest.mark.parametrize("scope", ["blocks", "model"])
-def test_weight_gradient_cp_counts_that_gemm_alone_as_the_reference_does_at_weight_bits_0(scope):
+@pytest.mark.parametrize("scope,weights,charge", [("blocks", "blocks", "projection"), ("blocks", "macs", "none"),
+                                                   ("model", "macs", "none")])
+def test_weight_gradient_cp_counts_that_gemm_alone_as_the_reference_does_at_weight_bits_0(scope, weights, charge):
     # the reference's train_dp.py at --weight_bits 0 prices an option's forward and error GEMMs at a*0/1024 and
     # g*0/1024, its weight-gradient GEMM at a*g/1024, and divides by three GEMMs' float32 cost
     dfq, net, meter = _prepared(OPTIONS, "method.weight_bits=null", "method.cp_gemms=weight_gradient",
-                                f"method.cp_scope={scope}", "method.cp_weights=macs")
+                                f"method.cp_scope={scope}", f"method.cp_weights={weights}", f"method.skip_charge={charge}")
     net.gate_controller.forced = 1  # every block at FW-2/BW-6, the weights float32
     _step(dfq, net, meter, torch.randn(8, 3, 8, 8))
     macs = meter.table().set_index("layer")["macs_per_sample"]
     per_block = macs[macs.index.str.contains(".block.", regex=False)].groupby(lambda n: n.split(".block.")[0]).sum()
     assert len(per_block) == len(dfq.blocks)
-    for b, layers in enumerate(dfq.block_layers):
+    for b, (layers, projection) in enumerate(zip(dfq.block_layers, dfq.skip_layers)):
         name = layers[0][0].split(".block.")[0]
-        weight = per_block[name] / per_block.mean()  # the cost term's unit: the mean block's float32 forward MACs
-        assert dfq.cost_units[b].tolist() == pytest.approx([0.0, weight * 2 * 6 / 1024, weight * 4 * 12 / 1024])
+        # the cost term's unit: the block's own float32 forward MACs (blocks) or the mean block's (macs)
+        weight = per_block[name] / per_block.mean() if weights == "macs" else 1.0
+        # a charged skip: its float32 projection's weight-gradient GEMM
+        skip = macs[projection] / per_block[name] if charge == "projection" and projection else 0.0
+        expected = [skip * weight, weight * 2 * 6 / 1024, weight * 4 * 12 / 1024]
+        assert dfq.cost_units[b].tolist() == pytest.approx(expected)
+    assert charge == "none" or any(dfq.skip_layers)  # resnet20's first blocks of stages 2 and 3 skip through one
     block = per_block.sum()
     rest = macs.sum() - block  # stem, classifier, gates: float32, of whose GEMMs one is counted
     cp = dfq._cp_sum / dfq._samples
@@ -315,9 +321,11 @@ def test_weight_gradient_cp_counts_that_gemm_alone_as_the_reference_does_at_weig
 
 @pytest.mark.slow
 def test_float32_weights_stay_unquantized_while_the_options_set_activations_and_gradients():
-    dfq, net, meter = _prepared(OPTIONS, "method.weight_bits=null")
+    dfq, net, meter = _prepared(OPTIONS, "method.weight_bits=null", "method.outside={fw: 8, bw: 8}")
+    swapped = [(n, m) for n, m in net.named_modules() if isinstance(m, QConv2d | nn.Linear) and hasattr(m, "quant")]
+    assert {"conv1", "fc", "layer2.0.block.shortcut.0"} <= {n for n, _ in swapped}  # stem, classifier, a projection
+    assert all(m.quant.weight is None and m.quant.act is not None and m.quant.grad is not None for _, m in swapped)
     layer = net.layer3[1].block.conv2
-    assert layer.quant.weight is None and layer.quant.act is not None
     assert torch.equal(layer.quantized_weight(), layer.weight)
     net.gate_controller.forced = 2
     _step(dfq, net, meter, torch.randn(4, 3, 8, 8))
