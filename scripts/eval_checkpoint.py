@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from qtrain.config import with_keys_added_since
 from qtrain.data import load_data
 from qtrain.data.batches import BatchStream
 from qtrain.methods import build_method
@@ -36,7 +37,7 @@ def accuracy(model: nn.Module, batches: BatchStream, task: Task) -> float:
 
 def evaluate(run_dir: Path, data_root: str | None = None) -> dict[str, object]:
     """``run_dir``'s row: its method, model and epochs, and its accuracy on its training and test images."""
-    cfg = OmegaConf.create(load_summary(run_dir / SUMMARY)["config"])
+    cfg = OmegaConf.create(with_keys_added_since(load_summary(run_dir / SUMMARY)["config"]))  # made before a key was
     if data_root is not None:
         cfg.data.root = data_root
     data = load_data(cfg.data)

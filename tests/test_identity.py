@@ -1,10 +1,12 @@
 """A run's identity stays what it was for every config: committed results name their runs by its digest."""
 
+import copy
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from qtrain.config import NOT_IN_DIR_NAME, OMITTED_AT, digest, identity
+from qtrain.config import NOT_IN_DIR_NAME, OMITTED_AT, digest, identity, with_keys_added_since
 from qtrain.resources import conf_dir
 
 from .conftest import make_config
@@ -59,3 +61,15 @@ def test_the_run_directory_name_leaves_out_the_keys_run_keys_says():
     assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(NOT_IN_DIR_NAME)
     assert {"data.root", "train.init_from", "force", "progress", "hydra.run.dir"} <= set(NOT_IN_DIR_NAME)
     assert cfg.hydra.job.override_dirname == "seed=3"
+
+
+def test_a_config_recorded_before_keys_were_added_gets_them_at_the_values_runs_had():
+    current = {m: OmegaConf.to_container(make_config(f"method={m}"), resolve=True) for m in ("sbm", "mx", "dfq")}
+    recorded = copy.deepcopy(current)
+    for config in recorded.values():
+        del config["train"]["eval_every"]
+    for key in ("scale_rule", "matmuls"):
+        del recorded["mx"]["method"][key]
+    del recorded["dfq"]["method"]["cp_gemms"]
+    assert {m: with_keys_added_since(config) for m, config in recorded.items()} == current
+    assert "scale_rule" not in with_keys_added_since(recorded["sbm"])["method"]  # no key of a method lacking it

@@ -8,12 +8,13 @@ import json
 import math
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
+from qtrain.config.methods import METHODS
 
 INSTANTIATION_KEYS = ("_target_", "_partial_")  # Hydra's, in conf/optim and conf/sched
 _ALWAYS = object()
@@ -86,6 +87,20 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
     data = plain.get("data")
     if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
         data["python"] = platform.python_version()
+    return plain
+
+
+def with_keys_added_since(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded ``config`` with each :data:`OMITTED_AT` key it lacks set to the value it ran at, so that it
+    builds today; a method's key only where that method's schema has it (MX's ``scale_rule`` is no key of SBM's)."""
+    plain = copy.deepcopy(config)
+    schema = METHODS.get(_section(plain, ["method"]).get("name"))
+    method_keys = {field.name for field in fields(schema)} if schema is not None else set()
+    for dotted, value in OMITTED_AT.items():
+        *sections, key = dotted.split(".")
+        section = _section(plain, sections)
+        if key not in section and (sections != ["method"] or key in method_keys):
+            section[key] = value
     return plain
 
 
