@@ -1,7 +1,7 @@
 """Speed and memory of quantized training against float32, measured in one run on this machine.
 
     python scripts/bench_speed.py [--model resnet20|transformer] [--batch N] [--half-width 0.03] [--max-pairs 300]
-                                  [--methods sbm pfq ...] [--device cpu|cuda]
+                                  [--turn 10] [--min-turns 3] [--methods sbm pfq ...] [--device cpu|cuda]
 
 Prints, for ResNet-20 on 32x32x3 inputs, batch 128 (``--model transformer``: the small Transformer preset on
 sequences of 64 tokens of WikiText-2's 33,278-word vocabulary, batch 16 sequences), on the CPU (``--device cuda``: on
@@ -9,8 +9,10 @@ the GPU, each step's time read after a synchronize, and its memory as the alloca
 - the time of one training step (forward, backward, the method's hooks, the cost meter, optimizer) of each method
   over float32's: both are set up in one process and their steps alternate (A/B, then B/A, after the same warm-up),
   so drift and bursts of other load land on both; the ratio is the median of the pairs' ratios, printed with its
-  distribution-free 95 % interval, and pairs are timed until that interval is within ``--half-width`` of the
-  median (or ``--max-pairs`` are timed); as in a run, glibc keeps freed tensors for reuse
+  distribution-free 95 % interval; every method is set up in a process of its own at the start and the methods
+  take turns of ``--turn`` pairs, so that a change of the machine's speed during the benchmark lands on all of them,
+  until a method has had ``--min-turns`` turns and its interval is within ``--half-width`` of the median (or
+  ``--max-pairs`` are timed); as in a run, glibc keeps freed tensors for reuse
   (qtrain.launch.keep_freed_memory), so the timed steps take no page faults;
 - the peak memory of a training step (the process's high-water mark above its resident size at
   rest after three warm-up steps, measured in a separate process whose allocator returns freed
@@ -46,7 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -202,32 +204,124 @@ def median_interval(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), ordered[low - 1], ordered[high - 1]
 
 
-def ab_ratio(name: str, batch: int, model_name: str, device: torch.device, half_width: float, max_pairs: int) -> dict:
-    """``name``'s step time over float32's, both set up in this process and timed alternately, a float32 step and a
-    ``name`` step per pair (their order swapped every pair), until the median ratio's 95 % interval is within
-    ``half_width`` of it (at least 20 pairs) or ``max_pairs`` pairs are timed."""
-    from qtrain.launch import keep_freed_memory
-    from qtrain.run import float32_kernels
+class PairTimer:
+    """float32 and ``name`` set up in one process, their steps timed in pairs: a float32 step and a ``name`` step,
+    the order swapped every pair (counted over every call), so that drift and bursts of other load land on both."""
 
-    float32_kernels()  # the kernels a run takes
-    keep_freed_memory()  # as a run does: no page faults in the timed steps
-    reference, _ = _training_step("float32", batch, model_name, device)
-    measured, after = _training_step(name, batch, model_name, device)
-    steps, theirs = [], []
-    while len(steps) < max_pairs:
-        first, second = (reference, measured) if len(steps) % 2 == 0 else (measured, reference)
-        a, b = first(), second()
-        steps.append(b if first is reference else a)
-        theirs.append(a if first is reference else b)
-        if len(steps) >= min(20, max_pairs):
-            ratio, low, high = median_interval([t / t32 for t, t32 in zip(steps, theirs)])
-            if max(ratio - low, high - ratio) <= half_width:
-                break
-    facts = after()  # AdaPT's switches amortized at their most frequent rate (ADAPT_SWITCH_EVERY steps)
+    def __init__(self, name: str, batch: int, model_name: str, device: torch.device) -> None:
+        from qtrain.launch import keep_freed_memory
+        from qtrain.run import float32_kernels
+
+        float32_kernels()  # the kernels a run takes
+        keep_freed_memory()  # as a run does: no page faults in the timed steps
+        self.name = name
+        self.reference, _ = _training_step("float32", batch, model_name, device)
+        self.measured, self._facts = _training_step(name, batch, model_name, device)
+        self.timed = 0
+
+    def pairs(self, n: int) -> tuple[list[float], list[float]]:
+        """``n`` more pairs: the method's step times and float32's."""
+        steps, theirs = [], []
+        for _ in range(n):
+            first, second = (self.reference, self.measured) if self.timed % 2 == 0 else (self.measured, self.reference)
+            a, b = first(), second()
+            steps.append(b if first is self.reference else a)
+            theirs.append(a if first is self.reference else b)
+            self.timed += 1
+        return steps, theirs
+
+    def facts(self) -> dict:
+        """The timed steps' cost; AdaPT's switch round (the median of three) when ``name`` is AdaPT."""
+        facts = self._facts()
+        if self.name == "adapt":
+            facts["switch_s"] = statistics.median([facts["switch_s"], *(self._facts()["switch_s"] for _ in range(2))])
+        return facts
+
+
+def pair_ratio(steps: list[float], theirs: list[float], facts: dict) -> dict:
+    """The median of the pairs' ratios and its 95 % interval, AdaPT's switches amortized at their most frequent rate
+    (ADAPT_SWITCH_EVERY steps) in its step times."""
     ours = [t + facts["switch_s"] / ADAPT_SWITCH_EVERY for t in steps]
     ratio, low, high = median_interval([t / t32 for t, t32 in zip(ours, theirs)])
     return {"ratio": ratio, "low": low, "high": high, "pairs": len(ours), "step_s": statistics.median(ours),
             "float32_step_s": statistics.median(theirs), **facts}
+
+
+def settled(steps: list[float], theirs: list[float], half_width: float) -> bool:
+    """Whether the median ratio's 95 % interval is within ``half_width`` of it (at least 20 pairs)."""
+    if len(steps) < 20:
+        return False
+    ratio, low, high = median_interval([t / t32 for t, t32 in zip(steps, theirs)])
+    return max(ratio - low, high - ratio) <= half_width
+
+
+def serve(timer: PairTimer) -> None:
+    """The child's side of :class:`TimingChild`: ``pairs N`` on stdin times N more pairs and prints their times,
+    ``facts`` prints the facts and ends."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        command, *count = line.split()
+        if command == "facts":
+            print(json.dumps(timer.facts()), flush=True)
+            return
+        steps, theirs = timer.pairs(int(count[0]))
+        print(json.dumps({"steps": steps, "float32": theirs}), flush=True)
+
+
+class TimingChild:
+    """A process of its own that keeps float32 and ``name`` set up (:func:`serve`), so that the parent can time
+    every method's pairs in turns spread over the whole benchmark."""
+
+    def __init__(self, name: str, args: argparse.Namespace, batch: int) -> None:
+        command = [sys.executable, __file__, "--serve", name, "--batch", str(batch), "--model", args.model,
+                   "--device", args.device]
+        self.name = name
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.steps: list[float] = []
+        self.theirs: list[float] = []
+
+    def _reply(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the timing process of {self.name} ended (exit status {self.proc.wait()})")
+        return line.strip()
+
+    def wait_ready(self) -> None:
+        while self._reply() != "ready":  # set-up chatter (compile warnings go to stderr; anything else is skipped)
+            pass
+
+    def time_pairs(self, n: int) -> None:
+        self.proc.stdin.write(f"pairs {n}\n")
+        times = json.loads(self._reply())
+        self.steps += times["steps"]
+        self.theirs += times["float32"]
+
+    def result(self) -> dict:
+        self.proc.stdin.write("facts\n")
+        facts = json.loads(self._reply())
+        self.proc.stdin.close()
+        self.proc.wait()
+        return pair_ratio(self.steps, self.theirs, facts)
+
+
+def interleaved_ratios(methods: list[str], args: argparse.Namespace, batch: int) -> Iterator[tuple[str, dict]]:
+    """Each method's ratio (:func:`pair_ratio`), its pairs timed ``--turn`` at a time, the methods taking turns, so
+    that a change of the machine's speed during the benchmark lands on every method alike; a method stops once it
+    has had ``--min-turns`` turns and its interval is within ``--half-width`` (or it reached ``--max-pairs``), and is
+    yielded then. A SLOW method has one turn of at most 5 pairs."""
+    children = [TimingChild(name, args, batch) for name in methods]  # set up side by side
+    for child in children:
+        child.wait_ready()
+    turns = 0
+    while children:
+        turns += 1
+        for child in list(children):
+            limit = min(args.max_pairs, 5) if child.name in SLOW else args.max_pairs
+            child.time_pairs(min(args.turn, limit - len(child.steps)))
+            if (child.name in SLOW or len(child.steps) >= limit
+                    or (turns >= args.min_turns and settled(child.steps, child.theirs, args.half_width))):
+                children.remove(child)
+                yield child.name, child.result()
 
 
 def peak_memory(name: str, batch: int, model_name: str, device: torch.device) -> dict:
@@ -290,17 +384,15 @@ def _memory_target(name: str, transformer: bool) -> float:
     return TRANSFORMER_MEMORY_TARGET if transformer else MEMORY_TARGETS.get(name, MEMORY_TARGET)
 
 
-def _child(name: str, args: argparse.Namespace, batch: int, memory: bool = False) -> dict:
-    """:func:`ab_ratio` (``memory``: :func:`peak_memory`) of ``name`` in a process of its own."""
-    # For memory, a fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the
-    # resident size follows the live tensors and its high-water mark is the step's peak.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"} if memory else os.environ
-    pairs = min(args.max_pairs, 5) if name in SLOW else args.max_pairs
-    command = [sys.executable, __file__, "--one", name, "--batch", str(batch), "--model", args.model, "--device",
-               args.device, "--half-width", str(args.half_width), "--max-pairs", str(pairs),
-               *(["--memory"] if memory else [])]
+def peak_memory_child(name: str, args: argparse.Namespace, batch: int) -> float:
+    """:func:`peak_memory` of ``name`` in a process of its own, in MB."""
+    # A fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the resident size
+    # follows the live tensors and its high-water mark is the step's peak.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    command = [sys.executable, __file__, "--peak-memory", name, "--batch", str(batch), "--model", args.model,
+               "--device", args.device]
     proc = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
 def main() -> None:
@@ -311,6 +403,9 @@ def main() -> None:
     parser.add_argument("--half-width", type=float, default=0.03,
                         help="time pairs until the median ratio's 95%% interval is within this of it")
     parser.add_argument("--max-pairs", type=int, default=300, help="at most this many pairs of steps per method")
+    parser.add_argument("--turn", type=int, default=10, help="pairs a method times in its turn before the next method's")
+    parser.add_argument("--min-turns", type=int, default=3,
+                        help="turns every method has at least, so that its pairs span the benchmark")
     parser.add_argument("--methods", nargs="+", choices=METHODS,
                         help="methods to time against float32 (default: every one that applies)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -318,20 +413,23 @@ def main() -> None:
                         help="measure each step's peak memory only (it needs no idle machine, as the timing does)")
     parser.add_argument("--no-qtorch", dest="qtorch", action="store_false",
                         help="leave qtorch's stochastic rounding out of the comparison (its first import compiles it)")
-    parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
-    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--peak-memory", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
-    if args.half_width <= 0 or args.max_pairs < 1:
-        parser.error(f"--half-width {args.half_width} and --max-pairs {args.max_pairs}: both must be positive")
+    for flag, value in (("--half-width", args.half_width), ("--max-pairs", args.max_pairs), ("--turn", args.turn),
+                        ("--min-turns", args.min_turns)):
+        if value <= 0:
+            parser.error(f"{flag} {value}: must be positive")
     device = torch.device(args.device)
     transformer = args.model == "transformer"
     batch = args.batch or (16 if transformer else 128)
-    if args.one:
-        measure = peak_memory(args.one, batch, args.model, device) if args.memory else \
-            ab_ratio(args.one, batch, args.model, device, args.half_width, args.max_pairs)
-        print(json.dumps(measure))
+    if args.serve:
+        serve(PairTimer(args.serve, batch, args.model, device))
+        return
+    if args.peak_memory:
+        print(json.dumps(peak_memory(args.peak_memory, batch, args.model, device)))
         return
     applicable = TRANSFORMER_METHODS if transformer else METHODS
     refused = sorted(set(args.methods or ()) - set(applicable))
@@ -343,14 +441,15 @@ def main() -> None:
                 if transformer else f"ResNet-20, batch {batch}, 32x32x3")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     how = ("each step's peak memory, in a process of its own" if args.memory_only else
-           f"each method's steps alternate with float32's in one process until the median ratio's 95% interval is "
-           f"within +-{args.half_width} (at most {args.max_pairs} pairs)")
+           f"each method's steps alternate with float32's in one process, the methods taking turns of {args.turn} "
+           f"pairs, until the median ratio's 95% interval is within +-{args.half_width} after {args.min_turns} turns "
+           f"at least (at most {args.max_pairs} pairs); rows in the order the methods settle")
     print(f"{workload}, {where}, torch {torch.__version__}; {how}")
-    float32_memory = _child("float32", args, batch, memory=True)["peak_mb"]
+    float32_memory = peak_memory_child("float32", args, batch)
     if args.memory_only:
         print(f"{'method':21s} {'peak MB':>8s} {'x float32':>9s} {'target':>7s}")
         for name in methods:
-            peak = _child(name, args, batch, memory=True)["peak_mb"]
+            peak = peak_memory_child(name, args, batch)
             target = _memory_target(name, transformer)
             verdict = "met" if peak / float32_memory <= target else f"missed (<= {target})"
             print(f"{name:21s} {peak:8.1f} {peak / float32_memory:9.2f} {verdict:>7s}", flush=True)
@@ -359,16 +458,16 @@ def main() -> None:
     print(f"{'method':21s} {'step s':>7s} {'x float32':>9s} {'95% interval':>13s} {'pairs':>5s} {'target':>7s} "
           f"{'peak MB':>8s} {'x float32':>9s} {'cost %':>7s}", flush=True)
     adapt_switch = None
-    for name in methods:
-        timed, memory = _child(name, args, batch), _child(name, args, batch, memory=True)
-        memory_ratio = memory["peak_mb"] / float32_memory
+    for name, timed in interleaved_ratios(methods, args, batch):
+        peak = peak_memory_child(name, args, batch)
+        memory_ratio = peak / float32_memory
         target = TRANSFORMER_TIME_TARGETS.get(name) if transformer else TIME_TARGETS.get(name, TIME_TARGET)
         memory_target = _memory_target(name, transformer)
         verdict = "-" if target is None else ("met" if timed["ratio"] <= target and memory_ratio <= memory_target else "missed")
         # below 6 pairs the interval is the pairs' whole range, which holds the median with less than 95 %
         interval = f"{timed['low']:.2f}-{timed['high']:.2f}" + ("*" if timed["pairs"] < 6 else "")
         print(f"{name:21s} {timed['step_s']:7.3f} {timed['ratio']:9.2f} {interval:>13s} {timed['pairs']:5d} {verdict:>7s} "
-              f"{memory['peak_mb']:8.1f} {memory_ratio:9.2f} {timed['cost_percent']:7.2f}  (float32 step "
+              f"{peak:8.1f} {memory_ratio:9.2f} {timed['cost_percent']:7.2f}  (float32 step "
               f"{timed['float32_step_s']:.3f} s)", flush=True)
         adapt_switch = timed["switch_s"] if name == "adapt" else adapt_switch
     print(f"float32 peak memory {float32_memory:.1f} MB; * fewer than 6 pairs: the interval is their range, which "
