@@ -30,6 +30,8 @@ qtrain's SBM ResNet-38 (FW6/BW8, global activation range, classifier in float32)
 same weights, on the first 128 training images in training mode: the first convolution's output, the weights'
 and an activation's quantized levels, and one layer at a time the input and weight gradients for one upstream
 gradient, with both sides' gradient rounding set to nearest (stochastic rounding draws differ by design).
+``--check-gates`` does the same for DFQ (cp 3 %, 4-bit weights, every option run for every sample) against their
+gated ResNet-38 (``cifar10_rnn_gate_38``), block by block on the same inputs: see :func:`check_gates`.
 """
 
 from __future__ import annotations
@@ -191,6 +193,123 @@ def check_layers(code: Path, data: Path) -> None:
               f"{((mine.weight.grad - yours.weight.grad).norm() / yours.weight.grad.norm()).item():.2e}")
 
 
+def _their_gated_names(ours: dict) -> dict[str, str]:
+    """qtrain's DFQ ResNet-38 state names -> the authors' gated ResNet-38's (``cifar10_rnn_gate_38``)."""
+    import re
+
+    gates = ["gate_layer1"] + [f"group{g}_gate{i}" for g in (1, 2, 3) for i in range(6)][:17]  # the gate before block b
+    lstm = {"weight_ih": "weight_ih_l0", "weight_hh": "weight_hh_l0", "bias_ih": "bias_ih_l0", "bias_hh": "bias_hh_l0"}
+    names = {}
+    for key in ours:
+        found = re.match(r"layer(\d)\.(\d+)\.(block|embed)\.(.*)", key)
+        if found:
+            stage, index, part, rest = found.groups()
+            block = f"group{stage}_layer{index}"
+            if part == "embed":  # their gate: pool, conv, ReLU, conv; ours: conv, ReLU, conv
+                names[key] = f"{gates[6 * (int(stage) - 1) + int(index)]}.{int(rest[0]) + 1}{rest[1:]}"
+            else:
+                names[key] = f"{block}." + rest.replace("shortcut.0", "downsample").replace("shortcut.1", "bn3")
+        elif key.startswith("gate_controller.cell."):
+            names[key] = "control.rnn_one." + lstm[key.rsplit(".", 1)[1]]
+        elif key.startswith("gate_controller.proj."):
+            names[key] = key.replace("gate_controller", "control")
+        else:
+            names[key] = key
+    return names
+
+
+def check_gates(code: Path, data: Path) -> None:
+    """qtrain's DFQ ResNet-38 (cp 3 %, 4-bit weights, every option run for every sample) against the authors' gated
+    ResNet-38 with the same weights, block by block on the same inputs (one training forward of qtrain's on 32 training
+    images gives each block's input), for four initial seeds: each option's quantized input and weight levels of the
+    block's first convolution, a downsampling block's skip path, the gate's embedding and the choices from it, and
+    the cost term of qtrain's choices priced as their script prices them. Outputs are not compared past a quantizer:
+    a near-tie that the two round one level apart (qtrain multiplies by the step's inverse, theirs divides) moves the
+    batch norm's statistics and the next quantizer's batch-wide range, and with them most later levels."""
+    import torch
+    import torch.nn.functional as F
+
+    from qtrain.config.command_line import compose_config
+    from qtrain.data.vision import load_cifar
+    from qtrain.methods import StepInfo, build_method
+    from qtrain.models import build_model
+    from qtrain.resources import conf_dir
+
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    sys.path.insert(0, str(code / CODE))
+    import models
+    import modules.quantize as theirs_quantize
+
+    models.WEIGHT_BITS = 4  # read when their layers are built
+    cfg = compose_config(conf_dir(), ["experiment=fractrain_table3", "model=resnet38", "data=cifar10", "method=dfq",
+                                      "method.target_cp=3", "method.weight_bits=4", "method.execution=mix_all"])
+    options = [tuple(o) for o in cfg.method.options]
+    # a block's cost at each option in its float32 GEMMs' (weights at 4 bits; every block weighted alike, as theirs)
+    price = torch.tensor([(4 * a + 4 * g + a * g) / 1024 for a, g in options])
+    cifar = load_cifar(data, 10)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (cifar.mean, cifar.std))
+    x = (cifar.train.images[:32].float() / cifar.pixel_max - mean) / std
+    y = cifar.train.labels[:32].long()
+    print(f"options {options}; 32 training images, training mode")
+    for seed in range(4):
+        torch.manual_seed(seed)
+        method = build_method(cfg.method)
+        ours = method.prepare(build_model("resnet38", cfg.model, in_channels=3, num_classes=10, input_size=(32, 32)))
+        ours.eval()
+        method.profile(ours, x[:2])  # in evaluation: no batch-norm update
+        theirs = models.cifar10_rnn_gate_38(False, proj_dim=len(options))
+        names = _their_gated_names(ours.state_dict())
+        state = theirs.state_dict()
+        theirs.load_state_dict({names[k]: v.clone() for k, v in ours.state_dict().items() if names[k] in state},
+                               strict=False)
+        ours.train()
+        theirs.train()
+        inputs: dict = {}
+        hooks = [block.register_forward_pre_hook(lambda m, args, kept=inputs: kept.__setitem__(m, args[0].detach()))
+                 for block in method.blocks]
+        task_loss = F.cross_entropy(ours(x), y)
+        ours_term = (method.loss(task_loss, StepInfo(0, 0, len(x))) - task_loss).item()
+        for hook in hooks:
+            hook.remove()
+        choices = torch.stack([block.gates.detach() for block in method.blocks])  # (blocks, samples, options)
+        cost = (choices.sum(1) * price).sum()
+        cp = cost.item() / len(x) / (3 * len(method.blocks)) * 100
+        term = (1 if cp >= 3 else -1) * cfg.method.beta * cost.item()
+        levels = outputs = weight_levels = weights = 0
+        skip_gap = embed_gap = 0.0
+        flipped = 0
+        with torch.no_grad():
+            for b, block in enumerate(method.blocks):
+                their_block = getattr(theirs, f"group{b // 6 + 1}_layer{b % 6}")
+                given = inputs[block]
+                conv, their_conv = block.block.conv1, their_block.conv1
+                for act, _ in options[1:]:
+                    mine = conv.quant.act(given, torch.full((len(given),), float(act)))
+                    outputs += mine.numel()
+                    levels += int((mine != their_conv.quantize_input_fw(given, act)).sum())
+                qparams = theirs_quantize.calculate_qparams(conv.weight, num_bits=4, flatten_dims=(1, -1), reduce_dim=None)
+                weights += conv.weight.numel()
+                their_weight = theirs_quantize.quantize(conv.weight, qparams=qparams)
+                weight_levels += int((conv.quant.weight(conv.weight) != their_weight).sum())
+                if block.skip_by_projection:
+                    yours = their_block.bn3(their_block.downsample(given, 0, 0))
+                    skip_gap = max(skip_gap, (block._skipped(given) - yours).abs().max().item())
+                their_gate = theirs.gate_layer1 if b == 0 else getattr(theirs, f"group{(b - 1) // 6 + 1}_gate{(b - 1) % 6}")
+                mine = block.embed(F.adaptive_avg_pool2d(given, 1)).flatten(1)
+                yours = their_gate(given).flatten(1)
+                embed_gap = max(embed_gap, (mine - yours).abs().max().item())
+                method.controller.reset()  # the first step of both recurrences, from the same embedding
+                theirs.control.hidden_one = theirs.control.init_hidden(len(given))
+                mine = method.controller(yours).argmax(1)
+                flipped += int((mine != theirs.control(yours).flatten(1).argmax(1)).sum())  # theirs: one-hot gates
+        print(f"seed {seed}: {(choices.argmax(2) > 0).float().mean().item():.0%} of block runs not skipped at the "
+              f"first step; first convolutions' input levels differing: {levels} of {outputs} (4 options), weight "
+              f"levels {weight_levels} of {weights}; skip paths max |diff| "
+              f"{skip_gap:.1e}; gate embeddings max |diff| {embed_gap:.1e}; gate choices from them differing: "
+              f"{flipped} of {len(x) * len(method.blocks)}; cost term {ours_term:+.6f} (qtrain) / {term:+.6f} (theirs, "
+              f"of qtrain's choices)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("git_dir", type=Path, nargs="?", help="git directory of the Tubbz-alt/FracTrain snapshot")
@@ -204,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-grad-bits", type=int, default=8)
     ap.add_argument("--fc-init", choices=("authors", "torch"), default="authors")
     ap.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
+    ap.add_argument("--check-gates", action="store_true", help="compare qtrain's DFQ step with their gated model's")
     ap.add_argument("--log", type=Path, help="tabulate this log only (with --csv)")
     ap.add_argument("--csv", type=Path, help="where --log's table goes")
     args = ap.parse_args(argv)
@@ -217,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("GIT_DIR, --data and --out are needed to run (or --log and --csv to tabulate)")
     out = args.out.resolve()
     code = extract_code(args.git_dir, args.commit, out)
-    if args.check_layers:
-        check_layers(code, args.data.resolve())
+    if args.check_layers or args.check_gates:
+        (check_layers if args.check_layers else check_gates)(code, args.data.resolve())
         return 0
     data = str_keyed_copy(args.data.resolve(), out)
     env = {**os.environ, "AUTHORS_THREADS": str(args.threads), "AUTHORS_SEED": str(args.seed),
