@@ -39,9 +39,11 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_curves import DEFAULT_COMMIT, Run, epoch_table, parse_log  # noqa: E402
@@ -125,8 +127,6 @@ def tabulate(log: Path, csv: Path, bits: tuple[int, int]) -> None:
 
 def check_layers(code: Path, data: Path) -> None:
     """qtrain's quantized ResNet-38 against the authors' on one batch, forward and layer by layer backward."""
-    import re
-
     import torch
     import torch.nn.functional as F
 
@@ -195,8 +195,6 @@ def check_layers(code: Path, data: Path) -> None:
 
 def _their_gated_names(ours: dict) -> dict[str, str]:
     """qtrain's DFQ ResNet-38 state names -> the authors' gated ResNet-38's (``cifar10_rnn_gate_38``)."""
-    import re
-
     gates = ["gate_layer1"] + [f"group{g}_gate{i}" for g in (1, 2, 3) for i in range(6)][:17]  # the gate before block b
     lstm = {"weight_ih": "weight_ih_l0", "weight_hh": "weight_hh_l0", "bias_ih": "bias_ih_l0", "bias_hh": "bias_hh_l0"}
     names = {}
@@ -218,6 +216,87 @@ def _their_gated_names(ours: dict) -> dict[str, str]:
     return names
 
 
+GATE_CHECK = ["experiment=fractrain_table3", "model=resnet38", "data=cifar10", "method=dfq", "method.target_cp=3",
+              "method.weight_bits=4", "method.execution=mix_all"]  # the DFQ reference run's settings
+
+
+def _gated_pair(their_models: Any, cfg: Any, seed: int, sample: Any) -> tuple[Any, Any, Any]:
+    """qtrain's DFQ method and model, built after seeding torch with ``seed`` and profiled on ``sample``, and the
+    authors' gated ResNet-38 holding the same weights; both in training mode."""
+    import torch
+
+    from qtrain.methods import build_method
+    from qtrain.models import build_model
+
+    torch.manual_seed(seed)
+    method = build_method(cfg.method)
+    ours = method.prepare(build_model("resnet38", cfg.model, in_channels=3, num_classes=10, input_size=(32, 32)))
+    ours.eval()
+    method.profile(ours, sample)  # in evaluation: no batch-norm update
+    theirs = their_models.cifar10_rnn_gate_38(False, proj_dim=len(cfg.method.options))
+    names, state = _their_gated_names(ours.state_dict()), theirs.state_dict()
+    theirs.load_state_dict({names[k]: v.clone() for k, v in ours.state_dict().items() if names[k] in state}, strict=False)
+    return method, ours.train(), theirs.train()
+
+
+def _block_inputs(method: Any, model: Any, x: Any, y: Any) -> tuple[dict, float]:
+    """Each gated block's input in one training forward of ``model``, and the cost term its method's loss adds."""
+    import torch.nn.functional as F
+
+    from qtrain.methods import StepInfo
+
+    inputs: dict = {}
+    hooks = [block.register_forward_pre_hook(lambda m, args, kept=inputs: kept.__setitem__(m, args[0].detach()))
+             for block in method.blocks]
+    task_loss = F.cross_entropy(model(x), y)
+    term = (method.loss(task_loss, StepInfo(0, 0, len(x))) - task_loss).item()
+    for hook in hooks:
+        hook.remove()
+    return inputs, term
+
+
+def _their_cost_term(choices: Any, options: list[tuple[int, int]], weight_bits: int, target: float,
+                     beta: float) -> float:
+    """The cost term of ``choices`` (blocks, samples, options) as train_dp.py prices it: an option's forward, error and
+    weight-gradient GEMMs at (act x weight, grad x weight, act x grad) bits over 32 x 32 each, every block alike,
+    signed by whether the batch's cp reaches ``target``."""
+    import torch
+
+    price = torch.tensor([(weight_bits * (a + g) + a * g) / 1024 for a, g in options])
+    cost = (choices.sum(1) * price).sum().item()
+    cp = cost / choices.shape[1] / (3 * choices.shape[0]) * 100
+    return (1 if cp >= target else -1) * beta * cost
+
+
+def _compare_block(b: int, block: Any, theirs: Any, given: Any, act_bits: list[int], weight_bits: int,
+                   their_quantize: Any) -> dict[str, float]:
+    """Block ``b`` on both sides, on the same input: its first convolution's input levels at each run option and its
+    weight levels (counts differing and compared), the skip path, the gate's embedding and the choice from it."""
+    import torch
+    import torch.nn.functional as F
+
+    their_block = getattr(theirs, f"group{b // 6 + 1}_layer{b % 6}")
+    conv, their_conv = block.block.conv1, their_block.conv1
+    found = {"levels": 0, "values": 0, "weight_levels": 0, "weights": conv.weight.numel(), "skip": 0.0}
+    for bits in act_bits:
+        mine = conv.quant.act(given, torch.full((len(given),), float(bits)))
+        found["values"] += mine.numel()
+        found["levels"] += int((mine != their_conv.quantize_input_fw(given, bits)).sum())
+    qparams = their_quantize.calculate_qparams(conv.weight, num_bits=weight_bits, flatten_dims=(1, -1), reduce_dim=None)
+    found["weight_levels"] = int((conv.quant.weight(conv.weight) != their_quantize.quantize(conv.weight, qparams=qparams)).sum())
+    if block.skip_by_projection:
+        yours = their_block.bn3(their_block.downsample(given, 0, 0))
+        found["skip"] = (block.block.projection(given) - yours).abs().max().item()
+    their_gate = theirs.gate_layer1 if b == 0 else getattr(theirs, f"group{(b - 1) // 6 + 1}_gate{(b - 1) % 6}")
+    embedding = their_gate(given).flatten(1)
+    found["embedding"] = (block.embed(F.adaptive_avg_pool2d(given, 1)).flatten(1) - embedding).abs().max().item()
+    block.shared[0].reset()  # the first step of both recurrences, from the same embedding
+    theirs.control.hidden_one = theirs.control.init_hidden(len(given))
+    mine = block.shared[0](embedding).argmax(1)
+    found["flipped"] = int((mine != theirs.control(embedding).flatten(1).argmax(1)).sum())  # theirs: one-hot gates
+    return found
+
+
 def check_gates(code: Path, data: Path) -> None:
     """qtrain's DFQ ResNet-38 (cp 3 %, 4-bit weights, every option run for every sample) against the authors' gated
     ResNet-38 with the same weights, block by block on the same inputs (one training forward of qtrain's on 32 training
@@ -227,87 +306,39 @@ def check_gates(code: Path, data: Path) -> None:
     a near-tie that the two round one level apart (qtrain multiplies by the step's inverse, theirs divides) moves the
     batch norm's statistics and the next quantizer's batch-wide range, and with them most later levels."""
     import torch
-    import torch.nn.functional as F
 
     from qtrain.config.command_line import compose_config
     from qtrain.data.vision import load_cifar
-    from qtrain.methods import StepInfo, build_method
-    from qtrain.models import build_model
     from qtrain.resources import conf_dir
 
     torch.Tensor.cuda = lambda self, *a, **k: self
     sys.path.insert(0, str(code / CODE))
     import models
-    import modules.quantize as theirs_quantize
+    import modules.quantize as their_quantize
 
-    models.WEIGHT_BITS = 4  # read when their layers are built
-    cfg = compose_config(conf_dir(), ["experiment=fractrain_table3", "model=resnet38", "data=cifar10", "method=dfq",
-                                      "method.target_cp=3", "method.weight_bits=4", "method.execution=mix_all"])
+    cfg = compose_config(conf_dir(), GATE_CHECK)
     options = [tuple(o) for o in cfg.method.options]
-    # a block's cost at each option in its float32 GEMMs' (weights at 4 bits; every block weighted alike, as theirs)
-    price = torch.tensor([(4 * a + 4 * g + a * g) / 1024 for a, g in options])
+    models.WEIGHT_BITS = cfg.method.weight_bits  # read when their layers are built
     cifar = load_cifar(data, 10)
     mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (cifar.mean, cifar.std))
     x = (cifar.train.images[:32].float() / cifar.pixel_max - mean) / std
     y = cifar.train.labels[:32].long()
     print(f"options {options}; 32 training images, training mode")
     for seed in range(4):
-        torch.manual_seed(seed)
-        method = build_method(cfg.method)
-        ours = method.prepare(build_model("resnet38", cfg.model, in_channels=3, num_classes=10, input_size=(32, 32)))
-        ours.eval()
-        method.profile(ours, x[:2])  # in evaluation: no batch-norm update
-        theirs = models.cifar10_rnn_gate_38(False, proj_dim=len(options))
-        names = _their_gated_names(ours.state_dict())
-        state = theirs.state_dict()
-        theirs.load_state_dict({names[k]: v.clone() for k, v in ours.state_dict().items() if names[k] in state},
-                               strict=False)
-        ours.train()
-        theirs.train()
-        inputs: dict = {}
-        hooks = [block.register_forward_pre_hook(lambda m, args, kept=inputs: kept.__setitem__(m, args[0].detach()))
-                 for block in method.blocks]
-        task_loss = F.cross_entropy(ours(x), y)
-        ours_term = (method.loss(task_loss, StepInfo(0, 0, len(x))) - task_loss).item()
-        for hook in hooks:
-            hook.remove()
+        method, ours, theirs = _gated_pair(models, cfg, seed, x[:2])
+        inputs, ours_term = _block_inputs(method, ours, x, y)
         choices = torch.stack([block.gates.detach() for block in method.blocks])  # (blocks, samples, options)
-        cost = (choices.sum(1) * price).sum()
-        cp = cost.item() / len(x) / (3 * len(method.blocks)) * 100
-        term = (1 if cp >= 3 else -1) * cfg.method.beta * cost.item()
-        levels = outputs = weight_levels = weights = 0
-        skip_gap = embed_gap = 0.0
-        flipped = 0
+        term = _their_cost_term(choices, options, cfg.method.weight_bits, cfg.method.target_cp, cfg.method.beta)
         with torch.no_grad():
-            for b, block in enumerate(method.blocks):
-                their_block = getattr(theirs, f"group{b // 6 + 1}_layer{b % 6}")
-                given = inputs[block]
-                conv, their_conv = block.block.conv1, their_block.conv1
-                for act, _ in options[1:]:
-                    mine = conv.quant.act(given, torch.full((len(given),), float(act)))
-                    outputs += mine.numel()
-                    levels += int((mine != their_conv.quantize_input_fw(given, act)).sum())
-                qparams = theirs_quantize.calculate_qparams(conv.weight, num_bits=4, flatten_dims=(1, -1), reduce_dim=None)
-                weights += conv.weight.numel()
-                their_weight = theirs_quantize.quantize(conv.weight, qparams=qparams)
-                weight_levels += int((conv.quant.weight(conv.weight) != their_weight).sum())
-                if block.skip_by_projection:
-                    yours = their_block.bn3(their_block.downsample(given, 0, 0))
-                    skip_gap = max(skip_gap, (block._skipped(given) - yours).abs().max().item())
-                their_gate = theirs.gate_layer1 if b == 0 else getattr(theirs, f"group{(b - 1) // 6 + 1}_gate{(b - 1) % 6}")
-                mine = block.embed(F.adaptive_avg_pool2d(given, 1)).flatten(1)
-                yours = their_gate(given).flatten(1)
-                embed_gap = max(embed_gap, (mine - yours).abs().max().item())
-                method.controller.reset()  # the first step of both recurrences, from the same embedding
-                theirs.control.hidden_one = theirs.control.init_hidden(len(given))
-                mine = method.controller(yours).argmax(1)
-                flipped += int((mine != theirs.control(yours).flatten(1).argmax(1)).sum())  # theirs: one-hot gates
+            found = [_compare_block(b, block, theirs, inputs[block], [a for a, _ in options[1:]],
+                                    cfg.method.weight_bits, their_quantize) for b, block in enumerate(method.blocks)]
+        total = {key: sum(f[key] for f in found) for key in ("levels", "values", "weight_levels", "weights", "flipped")}
         print(f"seed {seed}: {(choices.argmax(2) > 0).float().mean().item():.0%} of block runs not skipped at the "
-              f"first step; first convolutions' input levels differing: {levels} of {outputs} (4 options), weight "
-              f"levels {weight_levels} of {weights}; skip paths max |diff| "
-              f"{skip_gap:.1e}; gate embeddings max |diff| {embed_gap:.1e}; gate choices from them differing: "
-              f"{flipped} of {len(x) * len(method.blocks)}; cost term {ours_term:+.6f} (qtrain) / {term:+.6f} (theirs, "
-              f"of qtrain's choices)")
+              f"first step; first convolutions' input levels differing: {total['levels']} of {total['values']} "
+              f"({len(options) - 1} options), weight levels {total['weight_levels']} of {total['weights']}; skip paths "
+              f"max |diff| {max(f['skip'] for f in found):.1e}; gate embeddings max |diff| "
+              f"{max(f['embedding'] for f in found):.1e}; gate choices from them differing: {total['flipped']} of "
+              f"{len(x) * len(found)}; cost term {ours_term:+.6f} (qtrain) / {term:+.6f} (theirs, of qtrain's choices)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-bits", type=int, default=6)
     ap.add_argument("--num-grad-bits", type=int, default=8)
     ap.add_argument("--fc-init", choices=("authors", "torch"), default="authors")
-    ap.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
-    ap.add_argument("--check-gates", action="store_true", help="compare qtrain's DFQ step with their gated model's")
+    check = ap.add_mutually_exclusive_group()
+    check.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
+    check.add_argument("--check-gates", action="store_true", help="compare qtrain's DFQ blocks with their gated model's")
     ap.add_argument("--log", type=Path, help="tabulate this log only (with --csv)")
     ap.add_argument("--csv", type=Path, help="where --log's table goes")
     args = ap.parse_args(argv)

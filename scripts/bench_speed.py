@@ -1,7 +1,7 @@
 """Speed and memory of quantized training against float32, measured in one run on this machine.
 
     python scripts/bench_speed.py [--model resnet20|transformer] [--batch N] [--half-width 0.03] [--max-pairs 300]
-                                  [--turn 10] [--min-turns 3] [--methods sbm pfq ...] [--device cpu|cuda]
+                                  [--turn 10] [--min-turns 3] [--alive 4] [--methods sbm pfq ...] [--device cpu|cuda]
 
 Prints, for ResNet-20 on 32x32x3 inputs, batch 128 (``--model transformer``: the small Transformer preset on
 sequences of 64 tokens of WikiText-2's 33,278-word vocabulary, batch 16 sequences), on the CPU (``--device cuda``: on
@@ -9,9 +9,9 @@ the GPU, each step's time read after a synchronize, and its memory as the alloca
 - the time of one training step (forward, backward, the method's hooks, the cost meter, optimizer) of each method
   over float32's: both are set up in one process and their steps alternate (A/B, then B/A, after the same warm-up),
   so drift and bursts of other load land on both; the ratio is the median of the pairs' ratios, printed with its
-  distribution-free 95 % interval; every method is set up in a process of its own at the start and the methods
-  take turns of ``--turn`` pairs, so that a change of the machine's speed during the benchmark lands on all of them,
-  until a method has had ``--min-turns`` turns and its interval is within ``--half-width`` of the median (or
+  distribution-free 95 % interval; each method is set up in a process of its own (``--alive`` at a time) and the
+  methods take turns of ``--turn`` pairs, so that a change of the machine's speed lands on all of them, until a
+  method has had ``--min-turns`` turns and its interval is within ``--half-width`` of the median (or
   ``--max-pairs`` are timed); as in a run, glibc keeps freed tensors for reuse
   (qtrain.launch.keep_freed_memory), so the timed steps take no page faults;
 - the peak memory of a training step (the process's high-water mark above its resident size at
@@ -27,7 +27,7 @@ PushUp of every layer, timed as one round) are amortized at the paper's
 most frequent rate, once every 25 optimizer steps (the lookback's lower bound). DFQ and FracTrain run
 with their gates' choices drawn from TRAINED_SHARES, the option shares of a trained run (below), not
 from untrained gates (which send most samples past their blocks); dfq_mix_all runs every option for
-every sample, as the reference code does (timed once, over at most 5 steps: it has no target and takes
+every sample, as the reference code does (one turn of at most 5 pairs: it has no target and takes
 several times as long).
 CPT runs its cycle's first step (3 bits forward, 8 backward; a step's work does not depend on its bits). FP8 runs at
 its config defaults, the block-scaled recipes (mxfp8, mxfp6, mxfp4, nvfp4) as the league runs them on ResNet-20.
@@ -74,7 +74,7 @@ TIME_TARGET = 1.2
 TIME_TARGETS = {"dfq": 1.35, "fractrain": 1.35, "adapt": 1.35, "dynasty": 1.5, "dfq_mix_all": None,
                 **{name: 1.3 for name in SCALED}}
 ADAPT_SWITCH_EVERY = 25  # optimizer steps between a layer's switches at the shortest lookback (AdaPT Sec. 4.1.1)
-SLOW = {"dfq_mix_all"}  # timed in the first round only, over at most 5 steps
+SLOW = {"dfq_mix_all"}  # one turn of at most 5 pairs
 MEMORY_TARGET = 1.2
 MEMORY_TARGETS = {"dynasty": 1.3}  # others: MEMORY_TARGET
 TRANSFORMER_METHODS = ("float32", "sbm", "pfq", "muppet", "adapt", "dynasty", "cpt", *SCALED)
@@ -220,7 +220,10 @@ class PairTimer:
         self.timed = 0
 
     def pairs(self, n: int) -> tuple[list[float], list[float]]:
-        """``n`` more pairs: the method's step times and float32's."""
+        """``n`` more pairs: the method's step times and float32's, after an untimed step of each (the process may
+        have waited while others ran: its caches and threads are cold for whichever step comes first)."""
+        self.reference()
+        self.measured()
         steps, theirs = [], []
         for _ in range(n):
             first, second = (self.reference, self.measured) if self.timed % 2 == 0 else (self.measured, self.reference)
@@ -270,7 +273,7 @@ def serve(timer: PairTimer) -> None:
 
 class TimingChild:
     """A process of its own that keeps float32 and ``name`` set up (:func:`serve`), so that the parent can time
-    every method's pairs in turns spread over the whole benchmark."""
+    the methods' pairs in turns."""
 
     def __init__(self, name: str, args: argparse.Namespace, batch: int) -> None:
         command = [sys.executable, __file__, "--serve", name, "--batch", str(batch), "--model", args.model,
@@ -279,26 +282,32 @@ class TimingChild:
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.steps: list[float] = []
         self.theirs: list[float] = []
+        self.turns = 0
 
-    def _reply(self) -> str:
-        line = self.proc.stdout.readline()
-        if not line:
+    def _ask(self, line: str | None) -> str:
+        """Send ``line`` (None: nothing) and read the reply."""
+        try:
+            if line is not None:
+                self.proc.stdin.write(line + "\n")
+            reply = self.proc.stdout.readline()
+        except BrokenPipeError:
+            reply = ""
+        if not reply:
             raise RuntimeError(f"the timing process of {self.name} ended (exit status {self.proc.wait()})")
-        return line.strip()
+        return reply.strip()
 
     def wait_ready(self) -> None:
-        while self._reply() != "ready":  # set-up chatter (compile warnings go to stderr; anything else is skipped)
+        while self._ask(None) != "ready":  # set-up chatter (compile warnings go to stderr; anything else is skipped)
             pass
 
     def time_pairs(self, n: int) -> None:
-        self.proc.stdin.write(f"pairs {n}\n")
-        times = json.loads(self._reply())
+        times = json.loads(self._ask(f"pairs {n}"))
         self.steps += times["steps"]
         self.theirs += times["float32"]
+        self.turns += 1
 
     def result(self) -> dict:
-        self.proc.stdin.write("facts\n")
-        facts = json.loads(self._reply())
+        facts = json.loads(self._ask("facts"))
         self.proc.stdin.close()
         self.proc.wait()
         return pair_ratio(self.steps, self.theirs, facts)
@@ -306,27 +315,31 @@ class TimingChild:
 
 def interleaved_ratios(methods: list[str], args: argparse.Namespace, batch: int) -> Iterator[tuple[str, dict]]:
     """Each method's ratio (:func:`pair_ratio`), its pairs timed ``--turn`` at a time, the methods taking turns, so
-    that a change of the machine's speed during the benchmark lands on every method alike; a method stops once it
-    has had ``--min-turns`` turns and its interval is within ``--half-width`` (or it reached ``--max-pairs``), and is
-    yielded then. A SLOW method has one turn of at most 5 pairs."""
-    children = [TimingChild(name, args, batch) for name in methods]  # set up side by side
-    for child in children:
-        child.wait_ready()
-    turns = 0
-    while children:
-        turns += 1
-        for child in list(children):
-            limit = min(args.max_pairs, 5) if child.name in SLOW else args.max_pairs
-            child.time_pairs(min(args.turn, limit - len(child.steps)))
-            if (child.name in SLOW or len(child.steps) >= limit
-                    or (turns >= args.min_turns and settled(child.steps, child.theirs, args.half_width))):
-                children.remove(child)
-                yield child.name, child.result()
+    that a change of the machine's speed lands on the methods alike; at most ``--alive`` methods are set up at once
+    (each process holds a model pair and its allocator's cache), the next starting as one ends. A method ends once
+    it has had ``--min-turns`` turns and its interval is within ``--half-width`` (or it reached ``--max-pairs``), and
+    is yielded then; a SLOW method has one turn of at most 5 pairs."""
+    waiting, alive = list(methods), []
+    try:
+        while waiting or alive:
+            while waiting and len(alive) < args.alive:
+                alive.append(TimingChild(waiting.pop(0), args, batch))
+                alive[-1].wait_ready()
+            for child in list(alive):
+                limit = min(args.max_pairs, 5) if child.name in SLOW else args.max_pairs
+                child.time_pairs(min(args.turn, limit - len(child.steps)))
+                if (child.name in SLOW or len(child.steps) >= limit
+                        or (child.turns >= args.min_turns and settled(child.steps, child.theirs, args.half_width))):
+                    alive.remove(child)
+                    yield child.name, child.result()
+    finally:  # on an error, the other processes go too
+        for child in alive:
+            child.proc.kill()
 
 
 def peak_memory(name: str, batch: int, model_name: str, device: torch.device) -> dict:
     """The peak memory of a training step above the resident size at rest (CUDA: the allocator's peak above what it
-    held), in a process of its own whose allocator returns freed tensors (:func:`_child`)."""
+    held), in a process of its own whose allocator returns freed tensors (:func:`peak_memory_child`)."""
     from qtrain.run import float32_kernels
 
     float32_kernels()
@@ -405,7 +418,9 @@ def main() -> None:
     parser.add_argument("--max-pairs", type=int, default=300, help="at most this many pairs of steps per method")
     parser.add_argument("--turn", type=int, default=10, help="pairs a method times in its turn before the next method's")
     parser.add_argument("--min-turns", type=int, default=3,
-                        help="turns every method has at least, so that its pairs span the benchmark")
+                        help="turns every method has at least, so that its pairs are spread over the others' turns")
+    parser.add_argument("--alive", type=int, default=4,
+                        help="methods set up at once (each process holds about 1.3 GB for ResNet-20 on the CPU)")
     parser.add_argument("--methods", nargs="+", choices=METHODS,
                         help="methods to time against float32 (default: every one that applies)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -419,7 +434,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
     for flag, value in (("--half-width", args.half_width), ("--max-pairs", args.max_pairs), ("--turn", args.turn),
-                        ("--min-turns", args.min_turns)):
+                        ("--min-turns", args.min_turns), ("--alive", args.alive)):
         if value <= 0:
             parser.error(f"{flag} {value}: must be positive")
     device = torch.device(args.device)
@@ -441,9 +456,9 @@ def main() -> None:
                 if transformer else f"ResNet-20, batch {batch}, 32x32x3")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     how = ("each step's peak memory, in a process of its own" if args.memory_only else
-           f"each method's steps alternate with float32's in one process, the methods taking turns of {args.turn} "
-           f"pairs, until the median ratio's 95% interval is within +-{args.half_width} after {args.min_turns} turns "
-           f"at least (at most {args.max_pairs} pairs); rows in the order the methods settle")
+           f"each method's steps alternate with float32's in one process, {args.alive} methods at a time taking turns "
+           f"of {args.turn} pairs, until the median ratio's 95% interval is within +-{args.half_width} after "
+           f"{args.min_turns} turns at least (at most {args.max_pairs} pairs); rows in the order the methods settle")
     print(f"{workload}, {where}, torch {torch.__version__}; {how}")
     float32_memory = peak_memory_child("float32", args, batch)
     if args.memory_only:

@@ -183,8 +183,9 @@ def run_tests(device: str) -> tuple[bool, str, str]:
 def run_bench(device: str, methods: list[str]) -> tuple[bool, str, str]:
     """The speed benchmark of ``methods`` on ``device``: whether it ran, its targets met and missed, and its
     printout."""
+    # one turn of 20 pairs a method: each row prints as soon as its method is timed, inside the check's time limit
     command = [sys.executable, str(ROOT / "scripts" / "bench_speed.py"), "--device", device, "--max-pairs", "20",
-               "--no-qtorch", "--methods", *methods]
+               "--turn", "20", "--no-qtorch", "--methods", *methods]
     proc = run_child(command, TIMEOUT_S["bench"], child_env())
     text = proc.stdout + (proc.stderr if proc.returncode else "")
     verdicts = [line.split()[5] for line in proc.stdout.splitlines() if "(float32 step" in line]
