@@ -151,8 +151,7 @@ def check_layers(code: Path, data: Path) -> None:
     names = {}
     for key in ours.state_dict():
         found = re.match(r"layer(\d)\.(\d+)\.(.*)", key)
-        names[key] = (f"group{found[1]}_layer{found[2]}." + found[3].replace("shortcut.0", "downsample")
-                      .replace("shortcut.1", "bn3")) if found else key
+        names[key] = _their_block_state(6 * (int(found[1]) - 1) + int(found[2]), found[3]) if found else key
     their_state = theirs.state_dict()
     theirs.load_state_dict({**their_state, **{names[k]: v for k, v in ours.state_dict().items() if names[k] in their_state}})
     cifar = load_cifar(data, 10)  # qtrain's own reader and normalization: the batch a qtrain run would see unaugmented
@@ -193,20 +192,35 @@ def check_layers(code: Path, data: Path) -> None:
               f"{((mine.weight.grad - yours.weight.grad).norm() / yours.weight.grad.norm()).item():.2e}")
 
 
+def _their_block(b: int) -> str:
+    """The authors' name of ResNet-38's residual block ``b`` (0-17)."""
+    return f"group{b // 6 + 1}_layer{b % 6}"
+
+
+def _their_gate(b: int) -> str:
+    """The authors' name of the gate that decides block ``b``: the one before the first block, else the one after
+    block ``b - 1``."""
+    return "gate_layer1" if b == 0 else f"group{(b - 1) // 6 + 1}_gate{(b - 1) % 6}"
+
+
+def _their_block_state(b: int, rest: str) -> str:
+    """The authors' name of block ``b``'s state entry ``rest`` (qtrain's name within the block)."""
+    return f"{_their_block(b)}." + rest.replace("shortcut.0", "downsample").replace("shortcut.1", "bn3")
+
+
 def _their_gated_names(ours: dict) -> dict[str, str]:
     """qtrain's DFQ ResNet-38 state names -> the authors' gated ResNet-38's (``cifar10_rnn_gate_38``)."""
-    gates = ["gate_layer1"] + [f"group{g}_gate{i}" for g in (1, 2, 3) for i in range(6)][:17]  # the gate before block b
     lstm = {"weight_ih": "weight_ih_l0", "weight_hh": "weight_hh_l0", "bias_ih": "bias_ih_l0", "bias_hh": "bias_hh_l0"}
     names = {}
     for key in ours:
         found = re.match(r"layer(\d)\.(\d+)\.(block|embed)\.(.*)", key)
         if found:
             stage, index, part, rest = found.groups()
-            block = f"group{stage}_layer{index}"
+            b = 6 * (int(stage) - 1) + int(index)
             if part == "embed":  # their gate: pool, conv, ReLU, conv; ours: conv, ReLU, conv
-                names[key] = f"{gates[6 * (int(stage) - 1) + int(index)]}.{int(rest[0]) + 1}{rest[1:]}"
+                names[key] = f"{_their_gate(b)}.{int(rest[0]) + 1}{rest[1:]}"
             else:
-                names[key] = f"{block}." + rest.replace("shortcut.0", "downsample").replace("shortcut.1", "bn3")
+                names[key] = _their_block_state(b, rest)
         elif key.startswith("gate_controller.cell."):
             names[key] = "control.rnn_one." + lstm[key.rsplit(".", 1)[1]]
         elif key.startswith("gate_controller.proj."):
@@ -275,7 +289,7 @@ def _compare_block(b: int, block: Any, theirs: Any, given: Any, act_bits: list[i
     import torch
     import torch.nn.functional as F
 
-    their_block = getattr(theirs, f"group{b // 6 + 1}_layer{b % 6}")
+    their_block = getattr(theirs, _their_block(b))
     conv, their_conv = block.block.conv1, their_block.conv1
     found = {"levels": 0, "values": 0, "weight_levels": 0, "weights": conv.weight.numel(), "skip": 0.0}
     for bits in act_bits:
@@ -287,8 +301,7 @@ def _compare_block(b: int, block: Any, theirs: Any, given: Any, act_bits: list[i
     if block.skip_by_projection:
         yours = their_block.bn3(their_block.downsample(given, 0, 0))
         found["skip"] = (block.block.projection(given) - yours).abs().max().item()
-    their_gate = theirs.gate_layer1 if b == 0 else getattr(theirs, f"group{(b - 1) // 6 + 1}_gate{(b - 1) % 6}")
-    embedding = their_gate(given).flatten(1)
+    embedding = getattr(theirs, _their_gate(b))(given).flatten(1)
     found["embedding"] = (block.embed(F.adaptive_avg_pool2d(given, 1)).flatten(1) - embedding).abs().max().item()
     block.shared[0].reset()  # the first step of both recurrences, from the same embedding
     theirs.control.hidden_one = theirs.control.init_hidden(len(given))

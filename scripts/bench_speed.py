@@ -271,15 +271,19 @@ def serve(timer: PairTimer) -> None:
         print(json.dumps({"steps": steps, "float32": theirs}), flush=True)
 
 
+def _child_command(role: str, name: str, args: argparse.Namespace, batch: int) -> list[str]:
+    """This script run as ``role`` (``--serve``, ``--peak-memory``) of ``name`` on the parent's workload."""
+    return [sys.executable, __file__, role, name, "--batch", str(batch), "--model", args.model, "--device", args.device]
+
+
 class TimingChild:
     """A process of its own that keeps float32 and ``name`` set up (:func:`serve`), so that the parent can time
     the methods' pairs in turns."""
 
     def __init__(self, name: str, args: argparse.Namespace, batch: int) -> None:
-        command = [sys.executable, __file__, "--serve", name, "--batch", str(batch), "--model", args.model,
-                   "--device", args.device]
         self.name = name
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(_child_command("--serve", name, args, batch), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
         self.steps: list[float] = []
         self.theirs: list[float] = []
         self.turns = 0
@@ -402,9 +406,7 @@ def peak_memory_child(name: str, args: argparse.Namespace, batch: int) -> float:
     # A fixed mmap threshold makes glibc return every large tensor to the OS when it is freed, so the resident size
     # follows the live tensors and its high-water mark is the step's peak.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
-    command = [sys.executable, __file__, "--peak-memory", name, "--batch", str(batch), "--model", args.model,
-               "--device", args.device]
-    proc = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    proc = subprocess.run(_child_command("--peak-memory", name, args, batch), capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
 
 

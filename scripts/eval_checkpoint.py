@@ -37,7 +37,7 @@ def accuracy(model: nn.Module, batches: BatchStream, task: Task) -> float:
 
 def evaluate(run_dir: Path, data_root: str | None = None) -> dict[str, object]:
     """``run_dir``'s row: its method, model and epochs, and its accuracy on its training and test images."""
-    cfg = OmegaConf.create(with_keys_added_since(load_summary(run_dir / SUMMARY)["config"]))  # made before a key was
+    cfg = OmegaConf.create(with_keys_added_since(load_summary(run_dir / SUMMARY)["config"]))
     if data_root is not None:
         cfg.data.root = data_root
     data = load_data(cfg.data)
