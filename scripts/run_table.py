@@ -1,7 +1,7 @@
-"""Regenerate a paper table: run the commands in its experiment file's header, then its report.
+"""Regenerate a paper table: run the commands of its sweeps file, then its report.
 
-Every ``conf/experiment/<table>.yaml`` lists, in its header, the sweeps that make the table's runs and the
-``qtrain-report`` command that reads them, with ``DATA`` (the datasets) and ``OUT`` (the runs) to fill in.
+Every ``conf/sweeps/<table>.yaml`` lists the sweeps that make the table's runs and the ``qtrain-report`` command
+that reads them, with ``DATA`` (the datasets) and ``OUT`` (the runs) to fill in.
 This script fills them in, expands each sweep into its runs (the cartesian product of its comma-separated
 values, as Hydra's basic sweeper does, so each run lands in the directory the sweep would give it), runs them
 ``--jobs`` at a time (each with an equal share of the cores as torch threads), each run's output in
@@ -29,17 +29,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from qtrain import sweeps
-from qtrain.resources import conf_dir
 
 SCALES = ("paper", "mini", "smoke")
 
 
-def header_commands(table: str) -> list[list[str]]:
-    """The ``qtrain`` and ``qtrain-report`` commands of the table's experiment header, in order."""
-    commands = sweeps.header_commands(table)
+def table_commands(table: str) -> list[list[str]]:
+    """The ``qtrain`` and ``qtrain-report`` commands of the table's sweeps file, in order."""
+    commands = sweeps.commands(table)
     if commands is None:
-        tables = sorted(p.stem for p in (conf_dir() / "experiment").glob("*table*.yaml"))
-        raise SystemExit(f"run_table: error: {table!r} is not an experiment (tables: {', '.join(tables)})")
+        raise SystemExit(f"run_table: error: {table!r} has no sweeps file conf/sweeps/{table}.yaml "
+                         f"(one of: {', '.join(sweeps.experiments())})")
     return [list(words) for words in commands]
 
 
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [pick for pick in args.only if "=" not in pick]
     if bad:
         parser.error(f"--only {bad[0]} is not allowed: it must be KEY=VALUE, e.g. model=resnet38")
-    commands = [filled(words, args.data.resolve(), args.out.resolve(), args.scale) for words in header_commands(args.table)]
+    commands = [filled(words, args.data.resolve(), args.out.resolve(), args.scale) for words in table_commands(args.table)]
     runs = selected([r for c in commands if c[0] == "qtrain" for r in expanded(c)], args.only)
     reports = [c for c in commands if c[0] == "qtrain-report"]
     if not runs:

@@ -109,7 +109,7 @@ def test_fractrain_table4_follows_the_reference_imagenet_command(model):
     assert [list(o) for o in cfg.method.options] == [[3, 6], [4, 8], [6, 12], [8, 16]] and cfg.method.weight_bits == 6
     assert dict(cfg.method.gate) == {"width": None, "embed": 40, "hidden": 20}
     assert cfg.method.projection == "float32"  # fractrain_imagenet/models.py: plain nn.Conv2d shortcuts
-    sbm = make_config("experiment=fractrain_imagenet", "method=sbm", f"model={model}")  # the header's SBM sweep
+    sbm = make_config("experiment=fractrain_imagenet", "method=sbm", f"model={model}")  # the table's SBM sweep
     assert (sbm.method.name, sbm.train.epochs, sbm.model.name) == ("sbm", 90, model)
 
 
@@ -203,13 +203,13 @@ def test_every_paper_table_is_reported_from_its_smoke_run(table, smoke_runs):
 
 
 def _documented_commands() -> list[tuple[str, str]]:
-    """(experiment, command line) for every ``qtrain`` command in the experiment files' headers."""
-    found = []
-    for path in sorted((conf_dir() / "experiment").glob("*.yaml")):
-        for line in path.read_text().splitlines():
-            if line.startswith("#   qtrain ") and not line.rstrip().endswith("..."):
-                found.append((path.stem, line[len("#   qtrain "):]))
-    return found
+    """(experiment, command line after ``qtrain``) for every ``qtrain`` command of the sweeps files."""
+    import shlex
+
+    from qtrain import sweeps
+
+    return [(experiment, shlex.join(words[1:])) for experiment in sweeps.experiments()
+            for words in sweeps.commands(experiment) if words[0] == "qtrain"]
 
 
 @pytest.mark.parametrize("experiment,command", _documented_commands())
@@ -222,8 +222,7 @@ def test_documented_commands_compose(experiment, command, tmp_path):
 
     from qtrain.config import check_command_line
 
-    words = [w for w in shlex.split(command.replace("DATA", str(tmp_path)).replace("OUT", str(tmp_path))
-                                    .replace("DIR", str(tmp_path)))]
+    words = shlex.split(command.replace("DATA", str(tmp_path)).replace("OUT", str(tmp_path)))
     # a dataset's folder named by a placeholder of its own (IMAGENET, WIKITEXT103): a folder here, as on a user's disk;
     # every job's data.root must exist (a sweep checks each job's values before the first starts)
     words = [re.sub(r"^data\.root=([A-Z][A-Z0-9_]*)$", lambda m: f"data.root={tmp_path / m[1]}", w) for w in words]
@@ -241,7 +240,7 @@ def test_documented_commands_compose(experiment, command, tmp_path):
 
 @pytest.mark.parametrize("experiment", sorted({e for e, _ in _documented_commands() if e.startswith(("fractrain_", "dynasty_"))}))
 def test_cifar10_cells_come_first_and_cifar100_apart(experiment):
-    # a header's first command must run without CIFAR-100 on disk: each command names one CIFAR dataset
+    # a sweeps file's first command must run without CIFAR-100 on disk: each command names one CIFAR dataset
     import shlex
 
     datasets = []

@@ -20,9 +20,9 @@ WIKITEXT2_MINI_RUNS = [
 ]
 
 
-def _header_identities(experiment: str, data: Path, out: Path) -> list[str]:
-    """The identity digest of each run of ``experiment``'s header at mini scale, as scripts/run_table.py fills it."""
-    commands = [run_table.filled(words, data, out, "mini") for words in run_table.header_commands(experiment)]
+def _sweep_identities(experiment: str, data: Path, out: Path) -> list[str]:
+    """The identity digest of each run of ``experiment``'s sweeps at mini scale, as scripts/run_table.py fills it."""
+    commands = [run_table.filled(words, data, out, "mini") for words in run_table.table_commands(experiment)]
     runs = [run for command in commands if command[0] == "qtrain" for run in run_table.expanded(command)]
     return [digest(identity(make_config(*(w for w in run[1:] if not w.startswith(("-", "hydra.")))))) for run in runs]
 
@@ -31,4 +31,4 @@ def _header_identities(experiment: str, data: Path, out: Path) -> list[str]:
 def test_fractrain_wikitext2_trains_the_runs_of_the_wikitext2_miniature(tmp_path):
     earlier = [digest(identity(make_config(*WIKITEXT2_MINI_COMMON, f"data.root={tmp_path / 'wikitext-2'}", *run)))
                for run in WIKITEXT2_MINI_RUNS]
-    assert _header_identities("fractrain_wikitext2", tmp_path, tmp_path / "out") == earlier
+    assert _sweep_identities("fractrain_wikitext2", tmp_path, tmp_path / "out") == earlier

@@ -696,7 +696,7 @@ def test_cells_without_a_run_are_listed_by_why_and_by_command(tmp_path):
         "the range's end that is a saving over WAGEUBN or DoReFa")
     assert cells.why[("ResNet-74 CIFAR-100 / DFQ / cp=3", "Acc (%)")] == (
         "qtrain -m experiment=fractrain_table3 method=dfq model=resnet74 data=cifar100 scale=mini data.root=DATA "
-        "hydra.sweep.dir=OUT/fractrain_table3")  # the header's sweep cut to that run, at the report's scale
+        "hydra.sweep.dir=OUT/fractrain_table3")  # the table's sweep cut to that run, at the report's scale
     assert cells.why[("ResNet-38 CIFAR-100 / SBM / FW-8 / BW-8", "MACs")] == (
         "qtrain -m experiment=fractrain_table3 method=sbm method.act_range=tensor method.last_layer=float32 "
         "model=resnet38 data=cifar100 scale=mini data.root=DATA hydra.sweep.dir=OUT/fractrain_table3")
@@ -716,7 +716,7 @@ def test_why_and_commands_for_cells_of_other_tables():
     banner = missing("dynasty_table1", dynasty.loc[[("CIFAR-100 / Banner et al. / 8", "Average Bit-Width*")]])
     assert banner.group.tolist() == ["not produced by qtrain"] and "not a figure qtrain reports for sbm" in banner.why[0]
     table4 = missing("fractrain_table4", load_table("fractrain_table4")).set_index(["row", "column"])
-    for model in ("ResNet-18", "ResNet-34"):  # the header's SBM sweep (through fractrain_imagenet) makes both
+    for model in ("ResNet-18", "ResNet-34"):  # the table's SBM sweep (through fractrain_imagenet) makes both
         sbm = table4.loc[(f"{model} / SBM / FW-8 / BW-16", "MACs")]
         assert sbm.group == "not run yet" and sbm.why.startswith("qtrain -m experiment=fractrain_imagenet method=sbm ")
         assert f"model={model.lower().replace('-', '')} " in sbm.why
@@ -972,7 +972,7 @@ def test_report_loads_neither_torch_nor_the_qtrain_command():
     code = ("import sys; from qtrain import sweeps; "
             "from qtrain.report import cli, figure_style, paper, paper_plots, pareto, run_plots, tables; "
             # each one's config-tree lookups too
-            "tables._method_defaults('sbm', 'mini'), sweeps.header_commands('fractrain_table3'); "
+            "tables._method_defaults('sbm', 'mini'), sweeps.commands('fractrain_table3'); "
             "figure_style._configured_options(); "
             "loaded = {'torch', 'qtrain.cli'} & set(sys.modules); assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

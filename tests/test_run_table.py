@@ -1,4 +1,4 @@
-"""scripts/run_table.py: a table's header sweeps become single runs in the directories the sweeps give them."""
+"""scripts/run_table.py: a table's sweeps (conf/sweeps/) become single runs in the directories the sweeps give them."""
 
 import importlib.util
 import time
@@ -29,7 +29,7 @@ def test_only_keeps_the_runs_that_set_the_value_and_those_that_do_not_sweep_the_
 
 
 def test_table3s_resnet38_cifar10_cells_are_three_runs_with_the_header_settings(tmp_path):
-    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.header_commands("fractrain_table3")]
+    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.table_commands("fractrain_table3")]
     runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)],
                               ["model=resnet38", "data=cifar10"])
     methods = [next(w for w in r if w.startswith("method=")) for r in runs]
@@ -47,7 +47,7 @@ def test_an_only_that_matches_no_run_is_refused_before_any_work(tmp_path, capsys
 
 
 def test_table5s_cifar10_halves_are_ten_runs_under_out_and_start_from_the_table_s_own_pretrainings(tmp_path):
-    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.header_commands("fractrain_table5")]
+    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.table_commands("fractrain_table5")]
     runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)], ["data=cifar10"])
     assert len(runs) == 10
     assert not any("cifar100" in w for r in runs for w in r)
@@ -80,7 +80,7 @@ def test_a_run_waits_for_the_run_it_starts_from_and_is_not_started_when_that_one
 
 
 def test_each_run_logs_to_a_file_named_by_what_sets_it_apart(tmp_path):
-    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.header_commands("fractrain_table5")]
+    commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.table_commands("fractrain_table5")]
     runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)], ["data=cifar10"])
     names = run_table.log_names("fractrain_table5", runs)
     assert len(set(names)) == 10  # the two pre-trainings once wrote into one file
@@ -92,21 +92,43 @@ def test_each_run_logs_to_a_file_named_by_what_sets_it_apart(tmp_path):
     assert run_table.log_names("t", same) == ["t-sbm.log", "t-sbm-2.log", "t-dfq.log"]
 
 
-def test_the_header_is_read_to_its_end_and_its_commands_only(tmp_path, monkeypatch):
+def test_a_sweeps_file_is_read_as_its_command_lines(tmp_path, monkeypatch):
     from qtrain import sweeps
 
-    (tmp_path / "experiment").mkdir()
-    (tmp_path / "experiment" / "own_table.yaml").write_text(
-        "# @package _global_\n"
-        "# A table's runs (FracTrain's recipe: an apostrophe in prose), then its report:\n"
-        "#   qtrain -m experiment=own_table method=sbm,dfq seed=0,1 data.root=DATA hydra.sweep.dir=OUT/own\n"
-        "#   qtrain-report OUT/own --paper own\n"
-        "train:\n"
-        "  epochs: 1\n"
-        "# qtrain method=float32  (after the header: not one of the table's)\n")
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "own_table.yaml").write_text(
+        "# A table's runs (FracTrain's recipe: an apostrophe in a comment), then its report:\n"
+        "- qtrain -m experiment=own_table method=sbm,dfq 'method.fw=[4,6]' seed=0,1 data.root=DATA hydra.sweep.dir=OUT/own\n"
+        "# the report\n"
+        "- qtrain-report OUT/own --paper own\n")
+    (tmp_path / "sweeps" / "not_a_list.yaml").write_text("qtrain: method=sbm\n")
+    (tmp_path / "sweeps" / "other_program.yaml").write_text("- qtrain method=sbm\n- python scripts/run_table.py own\n")
     monkeypatch.setattr(sweeps.resources, "conf_dir", lambda: tmp_path)
-    assert sweeps.header_commands("own_table") == (
-        ("qtrain", "-m", "experiment=own_table", "method=sbm,dfq", "seed=0,1", "data.root=DATA", "hydra.sweep.dir=OUT/own"),
-        ("qtrain-report", "OUT/own", "--paper", "own"))
-    assert sweeps.header_commands("no_such_table") is None
+    sweeps.commands.cache_clear()
+    try:
+        assert sweeps.commands("own_table") == (
+            ("qtrain", "-m", "experiment=own_table", "method=sbm,dfq", "method.fw=[4,6]", "seed=0,1", "data.root=DATA",
+             "hydra.sweep.dir=OUT/own"),
+            ("qtrain-report", "OUT/own", "--paper", "own"))
+        assert sweeps.commands("no_such_table") is None
+        with pytest.raises(ValueError, match=r"not_a_list.yaml is not a list of command lines"):
+            sweeps.commands("not_a_list")
+        with pytest.raises(ValueError, match=r"other_program.yaml: 'python scripts/run_table.py own' is not a command "
+                                             r"line of qtrain or qtrain-report"):
+            sweeps.commands("other_program")
+        assert sweeps.experiments() == ["not_a_list", "other_program", "own_table"]
+        with pytest.raises(SystemExit, match=r"'nope' has no sweeps file conf/sweeps/nope.yaml \(one of: not_a_list, "):
+            run_table.table_commands("nope")
+    finally:
+        sweeps.commands.cache_clear()
+
+
+def test_every_sweeps_file_belongs_to_an_experiment_and_reads():
+    from qtrain import sweeps
+    from qtrain.config.command_line import group_options
+    from qtrain.resources import conf_dir
+
+    assert set(sweeps.experiments()) <= set(group_options(conf_dir(), "experiment"))
+    for experiment in sweeps.experiments():
+        assert sweeps.commands(experiment), experiment  # a file with no command is an error, not a table
 

@@ -15,11 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from qtrain import resources
+from qtrain import resources, sweeps
 from qtrain.catalog import GATED
 from qtrain.report.runs import ReportError, Run
 from qtrain.report.tables import AGGREGATES, figure, run_frame, score
-from qtrain.sweeps import header_commands
 
 HEADER = ["paper", "table", "row", "column", "value", "method", "model", "data", "setting", "metric"]
 UNMATCHED = ("train.epochs",)  # scales change the length of training, not which run a cell is
@@ -451,7 +450,7 @@ def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _narrowed(words: tuple[str, ...], cell: pd.Series, scale: str | None) -> list[str] | None:
-    """``words`` (a header command) cut to the one run of ``cell``: a sweep over a key the cell names gives the cell's
+    """``words`` (a sweep's command) cut to the one run of ``cell``: a sweep over a key the cell names gives the cell's
     value (None where it holds none of it), the scale is ``scale`` where one is given."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -490,9 +489,9 @@ def _makes(overrides: list[str], cell: pd.Series) -> bool:
 
 
 def command(name: str, cell: pd.Series, scale: str | None = None) -> str:
-    """The command that makes ``cell``'s run: the first of the table's experiment header commands that does, cut to
-    that run (at ``scale`` where given); else the cell's method, model, data and setting on qtrain's defaults."""
-    for program, *words in header_commands(name) or ():
+    """The command that makes ``cell``'s run: the first of the table's sweeps (conf/sweeps/) that does, cut to that run
+    (at ``scale`` where given); else the cell's method, model, data and setting on qtrain's defaults."""
+    for program, *words in sweeps.commands(name) or ():
         if program != "qtrain":
             continue
         narrowed = _narrowed(tuple(words), cell, scale)
@@ -501,7 +500,7 @@ def command(name: str, cell: pd.Series, scale: str | None = None) -> str:
     scale_word = [] if scale in (None, "paper") else [f"scale={scale}"]
     plain = shlex.join(["qtrain", f"method={cell.method}", f"model={cell.model}", f"data={cell.data}",
                         *cell.setting.split(), *scale_word])
-    return f"{plain} (no command in the header of conf/experiment/{name}.yaml makes it: the paper's schedule is not set)"
+    return f"{plain} (no command in conf/sweeps/{name}.yaml makes it: the paper's schedule is not set)"
 
 
 MISSING_COLUMNS = ["row", "column", "group", "why"]
