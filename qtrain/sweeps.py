@@ -7,7 +7,10 @@ from __future__ import annotations
 import shlex
 from functools import cache
 
+import yaml
+
 from qtrain import resources
+from qtrain.errors import ConfigError
 
 PROGRAMS = ("qtrain", "qtrain-report")
 
@@ -15,22 +18,23 @@ PROGRAMS = ("qtrain", "qtrain-report")
 @cache
 def commands(experiment: str) -> tuple[tuple[str, ...], ...] | None:
     """The commands of ``experiment``'s sweeps file, each as its words, its program first; None where it has none.
-    Raises ValueError naming the file and the item where an item is not a command line of one of ``PROGRAMS``."""
-    from omegaconf import ListConfig, OmegaConf
-
+    Raises ConfigError naming the file and the item where an item is not a command line of one of ``PROGRAMS``."""
     path = resources.conf_dir() / "sweeps" / f"{experiment}.yaml"
     if not path.is_file():
         return None
-    items = OmegaConf.load(path)
-    if not isinstance(items, ListConfig):
-        raise ValueError(f"{path} is not a list of command lines")
-    words = []
-    for item in items:
-        line = shlex.split(item) if isinstance(item, str) else []
-        if not line or line[0] not in PROGRAMS:
-            raise ValueError(f"{path}: {item!r} is not a command line of {' or '.join(PROGRAMS)}")
-        words.append(tuple(line))
-    return tuple(words)
+    lines = yaml.safe_load(path.read_text())  # as written: a command's ${...} is Hydra's to resolve, not ours
+    if not isinstance(lines, list):
+        raise ConfigError(f"{path} is not a list of command lines")
+    found: list[tuple[str, ...]] = []
+    for line in lines:
+        try:
+            words = shlex.split(line) if isinstance(line, str) else []
+        except ValueError as error:  # an unclosed quote
+            raise ConfigError(f"{path}: {line!r} does not split into words: {error}") from None
+        if not words or words[0] not in PROGRAMS:
+            raise ConfigError(f"{path}: {line!r} is not a command line of {' or '.join(PROGRAMS)}")
+        found.append(tuple(words))
+    return tuple(found)
 
 
 def experiments() -> list[str]:

@@ -29,13 +29,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from qtrain import sweeps
+from qtrain.errors import QtrainError
 
 SCALES = ("paper", "mini", "smoke")
 
 
 def table_commands(table: str) -> list[list[str]]:
     """The ``qtrain`` and ``qtrain-report`` commands of the table's sweeps file, in order."""
-    commands = sweeps.commands(table)
+    try:
+        commands = sweeps.commands(table)
+    except QtrainError as error:
+        raise SystemExit(f"run_table: error: {error}") from None
     if commands is None:
         raise SystemExit(f"run_table: error: {table!r} has no sweeps file conf/sweeps/{table}.yaml "
                          f"(one of: {', '.join(sweeps.experiments())})")

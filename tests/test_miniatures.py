@@ -1,4 +1,4 @@
-"""The miniatures are experiment configs: each one's header runs are the runs its earlier script trained, so the
+"""The miniatures are experiment configs: the runs of each one's sweeps are the runs its earlier script trained, so the
 results that script measured (results/README.md) belong to them."""
 
 from pathlib import Path

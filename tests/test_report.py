@@ -1005,7 +1005,7 @@ def test_runs_on_a_stand_in_dataset_match_a_papers_cells_only_when_named(tmp_pat
     assert cells.paper[(improv, "Adaptation / MACs")] == pytest.approx(68.7)
     assert cells.ours[(improv, "Adaptation / Acc (%)")] == pytest.approx(78.0 - 80.0)
     finetune = missed.set_index(["row", "column"]).why[("ResNet-38 CIFAR-100 / SBM / FW-8 / BW-8", "Fine-tuning / MACs")]
-    assert finetune.startswith("qtrain -m experiment=fractrain_finetune method=sbm ")  # the stand-in's header command
+    assert finetune.startswith("qtrain -m experiment=fractrain_finetune method=sbm ")  # the stand-in's sweep command
     assert " data=cifar10 " in finetune and "pretrain_finetune_cifar10" in finetune
     shown = report([str(tmp_path), "--paper", "fractrain_table5", "--stand-in", "cifar10=cifar100"])
     assert "| stand_in" in shown and "| cifar10 " in shown

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from qtrain.errors import ConfigError
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "run_table.py"
 spec = importlib.util.spec_from_file_location("run_table", SCRIPT)
 run_table = importlib.util.module_from_spec(spec)
@@ -28,7 +30,7 @@ def test_only_keeps_the_runs_that_set_the_value_and_those_that_do_not_sweep_the_
     assert run_table.selected(runs, ["model=resnet38", "data=cifar10"]) == [runs[0]]
 
 
-def test_table3s_resnet38_cifar10_cells_are_three_runs_with_the_header_settings(tmp_path):
+def test_table3s_resnet38_cifar10_cells_are_three_runs_with_the_sweeps_settings(tmp_path):
     commands = [run_table.filled(words, tmp_path, tmp_path, "mini") for words in run_table.table_commands("fractrain_table3")]
     runs = run_table.selected([r for c in commands if c[0] == "qtrain" for r in run_table.expanded(c)],
                               ["model=resnet38", "data=cifar10"])
@@ -103,6 +105,8 @@ def test_a_sweeps_file_is_read_as_its_command_lines(tmp_path, monkeypatch):
         "- qtrain-report OUT/own --paper own\n")
     (tmp_path / "sweeps" / "not_a_list.yaml").write_text("qtrain: method=sbm\n")
     (tmp_path / "sweeps" / "other_program.yaml").write_text("- qtrain method=sbm\n- python scripts/run_table.py own\n")
+    (tmp_path / "sweeps" / "unclosed.yaml").write_text("- qtrain 'method.fw=[4,6]\n")
+    (tmp_path / "sweeps" / "interpolated.yaml").write_text("- qtrain -m hydra.sweep.dir=OUT/${now:%H-%M} seed=0,1\n")
     monkeypatch.setattr(sweeps.resources, "conf_dir", lambda: tmp_path)
     sweeps.commands.cache_clear()
     try:
@@ -111,19 +115,25 @@ def test_a_sweeps_file_is_read_as_its_command_lines(tmp_path, monkeypatch):
              "hydra.sweep.dir=OUT/own"),
             ("qtrain-report", "OUT/own", "--paper", "own"))
         assert sweeps.commands("no_such_table") is None
-        with pytest.raises(ValueError, match=r"not_a_list.yaml is not a list of command lines"):
+        assert sweeps.commands("interpolated") == (("qtrain", "-m", "hydra.sweep.dir=OUT/${now:%H-%M}", "seed=0,1"),)
+        with pytest.raises(ConfigError, match=r"not_a_list.yaml is not a list of command lines"):
             sweeps.commands("not_a_list")
-        with pytest.raises(ValueError, match=r"other_program.yaml: 'python scripts/run_table.py own' is not a command "
-                                             r"line of qtrain or qtrain-report"):
+        with pytest.raises(ConfigError, match=r"other_program.yaml: 'python scripts/run_table.py own' is not a command "
+                                              r"line of qtrain or qtrain-report"):
             sweeps.commands("other_program")
-        assert sweeps.experiments() == ["not_a_list", "other_program", "own_table"]
-        with pytest.raises(SystemExit, match=r"'nope' has no sweeps file conf/sweeps/nope.yaml \(one of: not_a_list, "):
+        assert sweeps.experiments() == ["interpolated", "not_a_list", "other_program", "own_table", "unclosed"]
+        with pytest.raises(SystemExit, match=r"'nope' has no sweeps file conf/sweeps/nope.yaml \(one of: interpolated, "):
             run_table.table_commands("nope")
+        with pytest.raises(SystemExit, match=r"^run_table: error: .*unclosed.yaml: \"qtrain 'method.fw=\[4,6\]\" does "
+                                             r"not split into words: No closing quotation$"):
+            run_table.table_commands("unclosed")
     finally:
         sweeps.commands.cache_clear()
 
 
-def test_every_sweeps_file_belongs_to_an_experiment_and_reads():
+def test_every_sweeps_file_belongs_to_an_experiment_that_names_it():
+    import re
+
     from qtrain import sweeps
     from qtrain.config.command_line import group_options
     from qtrain.resources import conf_dir
@@ -131,4 +141,8 @@ def test_every_sweeps_file_belongs_to_an_experiment_and_reads():
     assert set(sweeps.experiments()) <= set(group_options(conf_dir(), "experiment"))
     for experiment in sweeps.experiments():
         assert sweeps.commands(experiment), experiment  # a file with no command is an error, not a table
+        assert f"conf/sweeps/{experiment}.yaml" in (conf_dir() / "experiment" / f"{experiment}.yaml").read_text()
+    named = {m for path in (conf_dir() / "experiment").glob("*.yaml")
+             for m in re.findall(r"conf/sweeps/(\w+)\.yaml", path.read_text())}
+    assert named <= set(sweeps.experiments())
 
