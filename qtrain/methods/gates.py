@@ -110,6 +110,7 @@ class GatedBlock(nn.Module):
         self.mask_skip = has_skip and not block.identity and not self.skip_by_projection
         self.execution = execution
         self.gates: torch.Tensor | None = None  # (N, options) straight-through gates of the last forward
+        self.probs: torch.Tensor | None = None  # (N, options) the probabilities they were chosen from, detached
         self.eval_choices: torch.Tensor | None = None  # (options,) samples that took each option in evaluation
         self.option_layers: list[nn.Module] = []  # the layers whose bits follow the option
         self.option_bits: torch.Tensor | None = None  # (run options, 2): activation and gradient bits
@@ -131,7 +132,7 @@ class GatedBlock(nn.Module):
             self.eval_choices = counts if self.eval_choices is None else self.eval_choices + counts
         # exactly one-hot in the forward pass, the softmax's gradient in the backward pass
         gates = F.one_hot(choice, probs.shape[1]).to(probs.dtype) + (probs - probs.detach())
-        self.gates = gates
+        self.gates, self.probs = gates, probs.detach()
         if self.execution == "mix_all":
             return self._mix_all(x, gates)
         return self._per_sample(x, gates, choice, probs.detach())
