@@ -130,12 +130,13 @@ class GatedBlock(nn.Module):
         if not self.training:  # what the gates choose in evaluation, as the reference's logs record them
             counts = torch.bincount(choice, minlength=probs.shape[1])
             self.eval_choices = counts if self.eval_choices is None else self.eval_choices + counts
+        self.probs = probs.detach()
         # exactly one-hot in the forward pass, the softmax's gradient in the backward pass
-        gates = F.one_hot(choice, probs.shape[1]).to(probs.dtype) + (probs - probs.detach())
-        self.gates, self.probs = gates, probs.detach()
+        gates = F.one_hot(choice, probs.shape[1]).to(probs.dtype) + (probs - self.probs)
+        self.gates = gates
         if self.execution == "mix_all":
             return self._mix_all(x, gates)
-        return self._per_sample(x, gates, choice, probs.detach())
+        return self._per_sample(x, gates, choice, self.probs)
 
     def choose(self, probs: torch.Tensor) -> torch.Tensor:
         """Each sample's option: the most probable, or the controller's forced one where the block allows it."""
