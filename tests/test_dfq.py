@@ -1,5 +1,7 @@
 """DFQ and FracTrain: gates, per-sample execution, skipped blocks, the cost of mixtures, the cp controller."""
 
+import math
+
 import pandas as pd
 import pytest
 import torch
@@ -740,9 +742,17 @@ def test_mobilenetv2_block_batch_norms_see_the_whole_batch_at_1x1(monkeypatch):
     assert rows and set(rows) == {2}  # two values a channel at 1x1: the batch's statistics are defined
 
 
-def _eval_rows(dfq):
+def _gate_rows(dfq, event="gates_eval"):
     dfq.end_epoch(0, {"step": 1})
-    return pd.DataFrame(dfq.drain_event_rows())
+    rows = pd.DataFrame(dfq.drain_event_rows(), columns=["epoch", "layer", "event", "share", "act_bits"])
+    return rows[rows.event == event]
+
+
+def _block_option_shares(rows, layers):
+    """A block's shares of skip, FW-2 and FW-4 from its first layer's rows (the skip has no row of its own)."""
+    conv1 = next(name for name, _ in layers if name.endswith("conv1"))
+    mine = rows[rows.layer == conv1].set_index("act_bits").share
+    return conv1, [1.0 - mine.sum(), mine.get(2, 0.0), mine.get(4, 0.0)]
 
 
 def test_evaluation_records_the_options_the_gates_chose_on_its_samples():
@@ -750,10 +760,10 @@ def test_evaluation_records_the_options_the_gates_chose_on_its_samples():
     the evaluation's forward passes; a profile's forced choices and training batches are not counted."""
     torch.manual_seed(0)
     dfq, net, _ = _prepared(OPTIONS)
-    assert _eval_rows(dfq).empty  # the profile ran in eval mode, forced to the widest option
+    assert _gate_rows(dfq).empty  # the profile ran in eval mode, forced to the widest option
     net.train()
     net(torch.randn(8, 3, 8, 8))
-    assert _eval_rows(dfq).empty  # training batches are the epoch rows' business
+    assert _gate_rows(dfq).empty  # training batches are the epoch rows' business
     net.eval()
     chosen = []
     for _ in range(2):  # two evaluation batches of 8 and 4 samples
@@ -761,19 +771,49 @@ def test_evaluation_records_the_options_the_gates_chose_on_its_samples():
         chosen.append([b.gates.argmax(1) for b in dfq.blocks])
         net(torch.randn(4, 3, 8, 8))
         chosen.append([b.gates.argmax(1) for b in dfq.blocks])
-    rows = _eval_rows(dfq)
-    assert set(rows.event) == {"gates_eval"} and set(rows.epoch) == {1}
+    rows = _gate_rows(dfq)
+    assert set(rows.epoch) == {1}
     names = [name for layers in dfq.block_layers for name, _ in layers]
     for b, layers in enumerate(dfq.block_layers):
         picks = torch.cat([batch[b] for batch in chosen])
         assert len(picks) == 24
-        conv1 = next(name for name, _ in layers if name.endswith("conv1"))
-        mine = rows[rows.layer == conv1].set_index("act_bits").share
-        shares = [1.0 - mine.sum(), mine.get(2, 0.0), mine.get(4, 0.0)]  # skip (no row), FW-2, FW-4
+        conv1, shares = _block_option_shares(rows, layers)
         assert shares == pytest.approx([(picks == k).sum().item() / 24 for k in range(3)], abs=1e-12), conv1
     assert len({tuple(torch.cat([batch[b] for batch in chosen]).tolist()) for b in range(9)}) > 1  # not all alike
     assert set(rows.layer) <= set(names)
-    assert _eval_rows(dfq).empty  # read once
+    assert _gate_rows(dfq).empty  # read once
+
+
+def test_training_records_the_gates_mean_probabilities_over_its_samples():
+    """gates_probability rows: each block's mean softmax probability of each option over the training samples since
+    the epoch's last record, from the logits the shared controller gave its gate (the skip's masked where a block
+    cannot skip); evaluation batches and a profile's forced forward passes are not counted."""
+    torch.manual_seed(1)
+    dfq, net, _ = _prepared(OPTIONS)
+    assert _gate_rows(dfq, "gates_probability").empty  # the profile counts nothing
+    logits = []
+    net.gate_controller.register_forward_hook(lambda _m, _args, out: logits.append(out.detach()))
+    net.train()
+    net(torch.randn(8, 3, 8, 8) * 3)
+    net.eval()
+    net(torch.randn(8, 3, 8, 8))  # an evaluation between training batches
+    net.train()
+    net(torch.randn(4, 3, 8, 8))
+    blocks = len(dfq.blocks)
+    assert len(logits) == 3 * blocks
+    training = logits[:blocks] + logits[2 * blocks:]
+    rows = _gate_rows(dfq, "gates_probability")
+    assert set(rows.epoch) == {1}
+    for b, (block, layers) in enumerate(zip(dfq.blocks, dfq.block_layers)):
+        batches = [training[b], training[blocks + b]]
+        if block.mask_skip:
+            batches = [torch.cat([z[:, :1].new_full((len(z), 1), -math.inf), z[:, 1:]], 1) for z in batches]
+        probs = torch.cat([torch.softmax(z.double(), 1) for z in batches])
+        assert len(probs) == 12
+        conv1, shares = _block_option_shares(rows, layers)
+        assert shares == pytest.approx(probs.mean(0).tolist(), abs=1e-6), conv1
+        assert 0 < max(shares) < 1  # probabilities, not the hard choices' shares
+    assert _gate_rows(dfq, "gates_probability").empty  # read once
 
 
 def test_a_runs_precision_file_holds_each_evaluations_gate_shares(tmp_path):
@@ -786,6 +826,10 @@ def test_a_runs_precision_file_holds_each_evaluations_gate_shares(tmp_path):
     assert sorted(set(evaluated.epoch)) == [1, 2]
     per_layer = evaluated.groupby(["epoch", "layer"]).share.sum()
     assert ((per_layer > 0) & (per_layer <= 1 + 1e-9)).all()
+    probable = precision[precision.event == "gates_probability"]
+    assert sorted(set(probable.epoch)) == [1, 2] and set(probable.layer) == set(evaluated.layer)
+    assert probable.share.between(0, 1, inclusive="neither").all()  # probabilities, none a choice's 0 or 1
+    assert (probable.groupby(["epoch", "layer"]).share.sum() <= 1 + 1e-9).all()
     (found,) = find_runs([tmp_path])
     shares, of = _block_shares(found, 2)
     assert of == "evaluation" and len(shares) == 9

@@ -139,7 +139,7 @@ class DFQ(Method):
             self.controller.forced = None
             for b, execution in zip(self.blocks, executions):
                 b.execution = execution
-                b.eval_choices = None  # a profile's forced choices are no evaluation
+                b.eval_choices = b.train_probs = None  # a profile's forced choices are no epoch's
 
     def operand_sizes(self, model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
         """Every block running, as in :meth:`profile`: in evaluation a block runs only the samples its gate does
@@ -217,23 +217,27 @@ class DFQ(Method):
         metrics["target_cp"] = self.target_cp()
         metrics["cost_term"] = self._term_sum / self._samples if self._samples else float("nan")
         self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
-        self._record_evaluation(epoch, metrics.get("step"))
+        for event, counted in (("gates_probability", "train_probs"), ("gates_eval", "eval_choices")):
+            self._record_gates(epoch, metrics.get("step"), event, counted)
 
-    def _record_evaluation(self, epoch: int, step: int | None) -> None:
-        """precision.csv rows (``event: gates_eval``) of the options each block's gate chose for the samples of the
-        epoch's evaluation, as shares of them: the eval-mode choices on the test split that the reference's logs
-        give per epoch, beside the training epoch's mean shares of the epoch rows."""
+    def _record_gates(self, epoch: int, step: int | None, event: str, counted: str) -> None:
+        """precision.csv rows (``event``) per layer and option from what each block's gate counted since the last
+        epoch's end (its attribute ``counted``), as shares of it: ``gates_eval``, the options the gates chose for the
+        samples of the epoch's evaluation (the eval-mode choices on the test split that the reference's logs give per
+        epoch); ``gates_probability``, the mean probability they gave each option over the training epoch's samples,
+        beside the epoch rows' mean shares of the options they chose (a gate's choice follows its most probable
+        option, however narrowly ahead)."""
         device = next(self.controller.parameters()).device
-        none = torch.zeros(self.num_options, dtype=torch.long, device=device)  # a process without samples
-        counts = distributed.sum_(torch.stack([none if b.eval_choices is None else b.eval_choices for b in self.blocks])
-                                  .double())  # every process sums, evaluated or not
+        none = torch.zeros(self.num_options, dtype=torch.float64, device=device)  # a process without samples
+        sums = distributed.sum_(torch.stack([none if getattr(b, counted) is None else getattr(b, counted).double()
+                                             for b in self.blocks]))  # every process sums, counted or not
         for block in self.blocks:
-            block.eval_choices = None
-        if not (counts.sum(1) > 0).all():
-            return  # not evaluated this epoch
-        record = self._step_record((counts / counts.sum(1, keepdim=True)).flatten().tolist())
+            setattr(block, counted, None)
+        if not (sums.sum(1) > 0).all():
+            return  # not evaluated (trained) this epoch
+        record = self._step_record((sums / sums.sum(1, keepdim=True)).flatten().tolist())
         self._event_rows += [
-            {"epoch": epoch + 1, "step": step, "layer": name, "event": "gates_eval", "format": record[name].fmt,
+            {"epoch": epoch + 1, "step": step, "layer": name, "event": event, "format": record[name].fmt,
              "share": share, "weight_bits": bits.weight, "act_bits": bits.act, "grad_bits": bits.grad,
              "grad_weight_bits": bits.grad_weight}
             for layers in self.block_layers for name, _ in layers for share, bits in record[name].options]

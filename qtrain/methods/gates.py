@@ -112,6 +112,7 @@ class GatedBlock(nn.Module):
         self.gates: torch.Tensor | None = None  # (N, options) straight-through gates of the last forward
         self.probs: torch.Tensor | None = None  # (N, options) the probabilities they were chosen from, detached
         self.eval_choices: torch.Tensor | None = None  # (options,) samples that took each option in evaluation
+        self.train_probs: torch.Tensor | None = None  # (options,) the training samples' probabilities, summed
         self.option_layers: list[nn.Module] = []  # the layers whose bits follow the option
         self.option_bits: torch.Tensor | None = None  # (run options, 2): activation and gradient bits
 
@@ -127,10 +128,13 @@ class GatedBlock(nn.Module):
             logits = torch.cat([torch.full_like(logits[:, :1], -torch.inf), logits[:, 1:]], 1)
         probs = logits.softmax(1)
         choice = self.choose(probs)
-        if not self.training:  # what the gates choose in evaluation, as the reference's logs record them
+        self.probs = probs.detach()
+        if self.training:  # how sure the gates are of their training choices, summed to the epoch's record
+            summed = self.probs.sum(0, dtype=torch.float64)
+            self.train_probs = summed if self.train_probs is None else self.train_probs + summed
+        else:  # what the gates choose in evaluation, as the reference's logs record them
             counts = torch.bincount(choice, minlength=probs.shape[1])
             self.eval_choices = counts if self.eval_choices is None else self.eval_choices + counts
-        self.probs = probs.detach()
         # exactly one-hot in the forward pass, the softmax's gradient in the backward pass
         gates = F.one_hot(choice, probs.shape[1]).to(probs.dtype) + (probs - self.probs)
         self.gates = gates

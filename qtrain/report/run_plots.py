@@ -163,8 +163,8 @@ def _option_shares(precision: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
     samples, the rest being skipped blocks.
     """
     last = precision[precision.epoch == precision.epoch.max()]
-    if "event" in last and (last.event == "gates_eval").any():  # the training epoch's shares, not the evaluation's
-        last = last[last.event != "gates_eval"]
+    if "event" in last:  # the training epoch's shares, not the evaluation's or the gates' probabilities
+        last = last[~last.event.str.startswith("gates_", na=False)]
     if "event" in last and (last.event == "bitmap").any():
         maps = last[(last.event == "bitmap") & (last.operand == "weight")].set_index("layer")
         columns = sorted((c for c in maps if re.fullmatch(r"share_\d+bit", c)), key=lambda c: int(c[6:-3]))
