@@ -784,13 +784,14 @@ def test_evaluation_records_the_options_the_gates_chose_on_its_samples():
     assert _gate_rows(dfq).empty  # read once
 
 
-def test_training_records_the_gates_mean_probabilities_over_its_samples():
+@pytest.mark.parametrize("skip_downsample", ["projection", "never"])
+def test_training_records_the_gates_mean_probabilities_over_its_samples(skip_downsample):
     """gates_probability rows: each block's mean softmax probability of each option over the training samples since
     the epoch's last record, from the logits the shared controller gave its gate (the skip's masked where a block
-    cannot skip); evaluation batches and a profile's forced forward passes are not counted."""
+    cannot skip); evaluation batches are not counted."""
     torch.manual_seed(1)
-    dfq, net, _ = _prepared(OPTIONS)
-    assert _gate_rows(dfq, "gates_probability").empty  # the profile counts nothing
+    dfq, net, _ = _prepared(OPTIONS, f"method.skip_downsample={skip_downsample}")
+    assert any(block.mask_skip for block in dfq.blocks) == (skip_downsample == "never")
     logits = []
     net.gate_controller.register_forward_hook(lambda _m, _args, out: logits.append(out.detach()))
     net.train()
@@ -813,6 +814,7 @@ def test_training_records_the_gates_mean_probabilities_over_its_samples():
         conv1, shares = _block_option_shares(rows, layers)
         assert shares == pytest.approx(probs.mean(0).tolist(), abs=1e-6), conv1
         assert 0 < max(shares) < 1  # probabilities, not the hard choices' shares
+        assert (shares[0] == pytest.approx(0.0, abs=1e-12)) == block.mask_skip
     assert _gate_rows(dfq, "gates_probability").empty  # read once
 
 
@@ -827,7 +829,9 @@ def test_a_runs_precision_file_holds_each_evaluations_gate_shares(tmp_path):
     per_layer = evaluated.groupby(["epoch", "layer"]).share.sum()
     assert ((per_layer > 0) & (per_layer <= 1 + 1e-9)).all()
     probable = precision[precision.event == "gates_probability"]
-    assert sorted(set(probable.epoch)) == [1, 2] and set(probable.layer) == set(evaluated.layer)
+    trained = precision[(precision.event == "epoch") & precision.layer.str.contains(".block.", regex=False)]
+    for epoch in (1, 2):  # every block layer each epoch, whichever options its gate chose
+        assert set(probable[probable.epoch == epoch].layer) == set(trained.layer) >= set(evaluated.layer)
     assert probable.share.between(0, 1, inclusive="neither").all()  # probabilities, none a choice's 0 or 1
     assert (probable.groupby(["epoch", "layer"]).share.sum() <= 1 + 1e-9).all()
     (found,) = find_runs([tmp_path])

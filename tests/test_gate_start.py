@@ -1,5 +1,6 @@
 """scripts/gate_start.py: the gates' start it prints is what a run of the same config and seed chose at its first step,
-read back from the run's own precision.csv (one batch an epoch: the epoch's mean shares are the first step's)."""
+and the probabilities it chose from, read back from the run's own precision.csv (one batch an epoch: the epoch's mean
+shares and probabilities are the first step's)."""
 
 import importlib.util
 from pathlib import Path
@@ -17,10 +18,10 @@ gate_start = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gate_start)
 
 
-def _runs_first_step(precision: pd.DataFrame) -> dict[str, float]:
-    """Each option's share of the block runs, from each gated block's first convolution's epoch rows: its run options
-    at their (activation, gradient) bits, the skip the rest."""
-    rows = precision.query("event == 'epoch' and epoch == 1 and layer.str.endswith('.block.conv1')")
+def _runs_first_step(precision: pd.DataFrame, event: str = "epoch") -> dict[str, float]:
+    """Each option's share of the block runs (its mean probability: ``gates_probability``), from each gated block's
+    first convolution's ``event`` rows: its run options at their (activation, gradient) bits, the skip the rest."""
+    rows = precision.query("event == @event and epoch == 1 and layer.str.endswith('.block.conv1')")
     blocks = rows["layer"].nunique()
     shares = rows.groupby(["act_bits", "grad_bits"])["share"].sum() / blocks
     found = {f"FW{fw}/BW{bw}": share for (fw, bw), share in shares.items()}
@@ -32,13 +33,16 @@ def _runs_first_step(precision: pd.DataFrame) -> dict[str, float]:
 def test_the_start_is_the_runs_first_step(seed, tmp_path):
     overrides = once(*TINY, "method=dfq", "method.execution=mix_all", "train.epochs=1", "train.batches_per_epoch=1")
     run(make_config(*overrides, f"seed={seed}"), tmp_path)
-    expected = _runs_first_step(pd.read_csv(tmp_path / "precision.csv"))
+    precision = pd.read_csv(tmp_path / "precision.csv")
+    expected = _runs_first_step(precision)
     start = gate_start.first_step(overrides, seed)
     names = ["skip", "FW2/BW6", "FW3/BW6", "FW4/BW6", "FW4/BW12", "FW6/BW8", "FW6/BW12"]
     assert list(start) == [f"choice {n}" for n in names] + [f"p {n}" for n in names]
     chosen = {n: start[f"choice {n}"] for n in names}
     assert chosen == pytest.approx({n: expected.get(n, 0.0) for n in names}, abs=1e-6)
     assert sum(start[f"p {n}"] for n in names) == pytest.approx(1.0)
+    probable = _runs_first_step(precision, "gates_probability")
+    assert {n: start[f"p {n}"] for n in names} == pytest.approx({n: probable.get(n, 0.0) for n in names}, abs=1e-6)
     # every gate chooses its most probable option: no option is chosen where its mean probability is zero
     assert all(start[f"p {n}"] > 0 for n in names if chosen[n] > 0)
 

@@ -856,6 +856,30 @@ def test_an_option_has_one_colour_in_every_allocation_plot():
     assert share_colour("skipped") == (0.85, 0.85, 0.85, 1.0) and share_colour("4 bits") != share_colour("2 bits")
 
 
+def test_allocation_and_layer_order_come_from_the_training_epochs_rows():
+    """A gated run's file holds its gates' evaluation choices and mean probabilities before the epoch rows: the
+    allocation plot's shares and the layer plots' order are the epoch rows' alone."""
+    from qtrain.report.run_plots import _layer_order, _option_shares
+
+    def row(layer, event, share, act, grad, fmt="range-linear"):
+        return {"epoch": 1, "layer": layer, "event": event, "format": fmt, "share": share, "act_bits": act,
+                "grad_bits": grad}
+
+    precision = pd.DataFrame([
+        row("b.conv1", "gates_probability", 0.5, 6, 8), row("b.conv1", "gates_probability", 0.3, 6, 12),
+        row("b.conv1", "gates_eval", 0.9, 6, 8),
+        row("conv1", "epoch", 1.0, 32, 32, "float32"),
+        row("b.conv1", "epoch", 0.25, 6, 8), row("b.conv1", "epoch", 0.5, 6, 12),
+        row("b.conv2", "epoch", 0.25, 6, 8), row("b.conv2", "epoch", 0.5, 6, 12),
+        row("fc", "epoch", 1.0, 32, 32, "float32"),
+    ])
+    assert _layer_order(precision) == ["conv1", "b.conv1", "b.conv2", "fc"]
+    shares, of = _option_shares(precision)
+    assert of == "share of samples (%)" and list(shares.index) == ["b.conv1", "b.conv2"]
+    assert shares.loc["b.conv1"].tolist() == pytest.approx([0.25, 0.5, 0.25])  # FW6/BW8, FW6/BW12, skipped
+    assert list(shares.columns)[-1] == "skipped"
+
+
 def _damage(tmp_path, how):
     run = fake_run(tmp_path, "damaged", "sbm", [0.5], [1e9], seed=1)
     if how == "summary a list":

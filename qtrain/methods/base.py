@@ -107,7 +107,7 @@ class Method:
 
     def drain_event_rows(self) -> list[dict[str, Any]]:
         """precision.csv rows of the method's events since the last call (AdaPT's ``switch``, DYNASTY's ``bitmap``,
-        DFQ's ``gates_eval``)."""
+        DFQ's ``gates_eval`` and ``gates_probability``)."""
         return []
 
     def report(self, epochs: int) -> dict[str, Any]:

@@ -139,7 +139,7 @@ class DFQ(Method):
             self.controller.forced = None
             for b, execution in zip(self.blocks, executions):
                 b.execution = execution
-                b.eval_choices = b.train_probs = None  # a profile's forced choices are no epoch's
+                b.eval_choices = None  # a profile's forced choices are no evaluation
 
     def operand_sizes(self, model: nn.Module, sample: torch.Tensor) -> dict[str, OperandSizes]:
         """Every block running, as in :meth:`profile`: in evaluation a block runs only the samples its gate does
@@ -225,8 +225,7 @@ class DFQ(Method):
         epoch's end (its attribute ``counted``), as shares of it: ``gates_eval``, the options the gates chose for the
         samples of the epoch's evaluation (the eval-mode choices on the test split that the reference's logs give per
         epoch); ``gates_probability``, the mean probability they gave each option over the training epoch's samples,
-        beside the epoch rows' mean shares of the options they chose (a gate's choice follows its most probable
-        option, however narrowly ahead)."""
+        beside the epoch rows' mean shares of the options they chose."""
         device = next(self.controller.parameters()).device
         none = torch.zeros(self.num_options, dtype=torch.float64, device=device)  # a process without samples
         sums = distributed.sum_(torch.stack([none if getattr(b, counted) is None else getattr(b, counted).double()

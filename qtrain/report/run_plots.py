@@ -64,12 +64,18 @@ def _average_bits(precision: pd.DataFrame, column: str) -> pd.DataFrame:
     return rows.groupby(["epoch", "layer"], sort=False)["bits"].sum().reset_index()
 
 
+def _layer_order(precision: pd.DataFrame) -> list[str]:
+    """The layers in the model's order, as the epoch rows give them (a method's event rows come first in a file)."""
+    rows = precision[precision.event == "epoch"] if "event" in precision else precision
+    return list(dict.fromkeys(rows.layer))
+
+
 def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
     """Average bits per layer over epochs, one panel per operand (AdaPT's word length is its weight bits)."""
     precision = run.precision
     if precision.empty or "layer" not in precision:
         return None
-    layers = list(dict.fromkeys(precision.layer))
+    layers = _layer_order(precision)
     panels = [(_average_bits(precision, column), name) for column, name in OPERANDS if column in precision]
     panels = [(frame, name) for frame, name in panels if not frame.empty]
     if not panels or all(frame.bits.nunique() == 1 for frame, _ in panels):  # one width throughout: nothing to plot
@@ -97,7 +103,7 @@ def sparsity_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
     frame = frame.assign(sparsity=100.0 * (1.0 - frame.density))
     fig = Figure(figsize=(7.5, 3), layout="constrained")
     axes = fig.add_subplot()
-    _colour_bar(fig, _layer_lines(axes, frame, "sparsity", list(dict.fromkeys(precision.layer))), [axes])
+    _colour_bar(fig, _layer_lines(axes, frame, "sparsity", _layer_order(precision)), [axes])
     axes.set(xlabel="epoch", ylabel="sparsity (% zero weights)")
     fig.suptitle(f"sparsity per layer: {label(run, peers)}, {run.model} on {run.data}", fontsize=10)
     return save(fig, out / f"sparsity-{run_slug(run)}.png")
@@ -164,7 +170,7 @@ def _option_shares(precision: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
     """
     last = precision[precision.epoch == precision.epoch.max()]
     if "event" in last:  # the training epoch's shares, not the evaluation's or the gates' probabilities
-        last = last[~last.event.str.startswith("gates_", na=False)]
+        last = last[~last.event.astype(str).str.startswith("gates_")]
     if "event" in last and (last.event == "bitmap").any():
         maps = last[(last.event == "bitmap") & (last.operand == "weight")].set_index("layer")
         columns = sorted((c for c in maps if re.fullmatch(r"share_\d+bit", c)), key=lambda c: int(c[6:-3]))
