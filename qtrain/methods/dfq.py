@@ -233,7 +233,7 @@ class DFQ(Method):
         for block in self.blocks:
             setattr(block, counted, None)
         if not (sums.sum(1) > 0).all():
-            return  # not evaluated (trained) this epoch
+            return  # nothing counted this epoch: no evaluation (no training batch)
         record = self._step_record((sums / sums.sum(1, keepdim=True)).flatten().tolist())
         self._event_rows += [
             {"epoch": epoch + 1, "step": step, "layer": name, "event": event, "format": record[name].fmt,
