@@ -51,14 +51,18 @@ def _colour_bar(fig: Figure, scale: ScalarMappable, axes_list: list) -> None:
     fig.colorbar(scale, ax=axes_list, label="layer (0 = first)", shrink=0.9)
 
 
+def _epoch_rows(precision: pd.DataFrame) -> pd.DataFrame:
+    """The rows of what each epoch trained at, without a method's event rows (a file from before events: all)."""
+    return precision[precision.event == "epoch"] if "event" in precision else precision
+
+
 def _average_bits(precision: pd.DataFrame, column: str) -> pd.DataFrame:
     """Per (epoch, layer): the share-weighted bits of ``column``, work a layer skipped counting as 0 bits.
 
     The record's options cover the work a layer did; what they leave uncovered (DFQ's skipped blocks,
     DYNASTY's 0-bit blocks) cost nothing, so the mean is over all of the layer's work.
     """
-    rows = precision[precision.event == "epoch"] if "event" in precision else precision
-    rows = rows.dropna(subset=[column])
+    rows = _epoch_rows(precision).dropna(subset=[column])
     share = rows["share"].fillna(1.0) if "share" in rows else pd.Series(1.0, index=rows.index)
     rows = rows.assign(bits=rows[column] * share)
     return rows.groupby(["epoch", "layer"], sort=False)["bits"].sum().reset_index()
@@ -66,8 +70,7 @@ def _average_bits(precision: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def _layer_order(precision: pd.DataFrame) -> list[str]:
     """The layers in the model's order, as the epoch rows give them (a method's event rows come first in a file)."""
-    rows = precision[precision.event == "epoch"] if "event" in precision else precision
-    return list(dict.fromkeys(rows.layer))
+    return list(dict.fromkeys(_epoch_rows(precision).layer))
 
 
 def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
