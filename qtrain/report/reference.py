@@ -22,6 +22,7 @@ COLUMNS = (("train_loss", "training loss", 1.0, "relative"),
            ("test_loss", "test loss", 1.0, "relative"),
            ("test_acc", "test accuracy (%)", 100.0, "points"),
            ("cp", "computation (% of float32)", 1.0, "points"))
+SHARE_BAND = 0.15  # how far a block's share of the reference's most chosen option may lie from the reference's
 OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
 
 
@@ -144,6 +145,19 @@ def _network_order(name: str) -> list[int]:
     return [int(n) for n in re.findall(r"\d+", name)]
 
 
+def _gated_layers(precision: pd.DataFrame) -> list[str]:
+    """The layers of a run's gated blocks (its ``<stage>.<index>.block`` modules), in the record's order."""
+    if precision.empty or "layer" not in precision:
+        return []
+    return [str(name) for name in dict.fromkeys(precision.layer) if ".block." in str(name)]
+
+
+def _gated_blocks(precision: pd.DataFrame) -> list[str]:
+    """A run's gated blocks by name (``layer1.0``), in the network's order (as the reference's gates file numbers its
+    blocks from 0)."""
+    return sorted({name.split(".block.")[0] for name in _gated_layers(precision)}, key=_network_order)
+
+
 def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str] | None:
     """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0 over
     every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``), and what they are of:
@@ -156,12 +170,10 @@ def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str] | None:
     if precision.empty or not {"layer", "share", "act_bits", "grad_bits"} <= set(precision) \
             or epoch not in set(precision.epoch):
         return None
-    # a run's gated blocks are its ``<stage>.<index>.block`` modules, numbered from 0 in the network's order (as the
-    # reference's gates file numbers its blocks)
-    layers = [name for name in dict.fromkeys(precision.layer) if ".block." in str(name)]
-    blocks = sorted({name.split(".block.")[0] for name in layers}, key=_network_order)
+    blocks = _gated_blocks(precision)
     if not blocks:
         return None
+    layers = _gated_layers(precision)
     rows = precision[(precision.epoch == epoch) & precision.share.notna()]
     events = rows.event if "event" in rows else pd.Series("epoch", index=rows.index)
     of = "evaluation" if (events == "gates_eval").any() else "training"
@@ -198,6 +210,51 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
                          "same": top_ours == top_ref,
                          "share diff (reference's option)": mine.get(top_ref, 0.0) - ref.max(), "ours: of": of})
     return pd.DataFrame(rows)
+
+
+def _agreement(ours: pd.DataFrame, theirs: pd.DataFrame) -> dict[str, str]:
+    """Over the blocks both have: how many choose most often the reference's option, skip or run for most of the
+    samples as the reference's do, and both choose its option most often and give it a share within SHARE_BAND of
+    the reference's (the issue-39 target for the gates)."""
+    blocks = theirs.index.intersection(ours.index)
+    ours, theirs = ours.loc[blocks], theirs.loc[blocks]
+    top = theirs.idxmax(axis=1)
+    same = ours.idxmax(axis=1) == top
+    share = pd.Series([ours.at[block, option] for block, option in top.items()], index=blocks)
+    within = same & ((share - theirs.max(axis=1)).abs() <= SHARE_BAND + 1e-9)  # a share on the band's edge is in it
+    skips = (ours.get("skipped", 0.0) > 0.5) == (theirs.get("skipped", 0.0) > 0.5)
+    return {"most chosen as the reference's": f"{int(same.sum())}/{len(blocks)}",
+            "majority skips as the reference's": f"{int(skips.sum())}/{len(blocks)}",
+            f"same and share within {SHARE_BAND:g}": f"{int(within.sum())}/{len(blocks)}"}
+
+
+def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
+    """Per epoch both have gate shares for, each run's gates summed up beside the reference's: the share of the
+    samples that skip each stage's blocks (mean over its blocks) and each option's share over every block's samples;
+    for the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
+    if reference.shares is None:
+        return pd.DataFrame()
+    rows = []
+    for epoch in sorted(set(reference.shares.epoch)):
+        theirs = reference.shares[reference.shares.epoch == epoch].pivot_table(
+            index="block", columns="option", values="share", aggfunc="sum").fillna(0.0)
+        found = [(run, shares) for run in runs if (shares := _block_shares(run, epoch)) is not None]
+        if theirs.empty or not found:
+            continue
+        stages = pd.Series([name.rsplit(".", 1)[0] for name in _gated_blocks(found[0][0].precision)])
+        # skipped first, then the options by their bits (FW6/BW8 before FW6/BW12)
+        options = sorted({"skipped", *theirs.columns, *(c for _, (ours, _) in found for c in ours.columns)},
+                         key=_network_order)
+        theirs = theirs.reindex(columns=options, fill_value=0.0)
+        for who, shares, of in [("reference", theirs, "")] + [
+                (f"seed {run.seed}" if run.seed is not None else run.dir.name, ours, of) for run, (ours, of) in found]:
+            shares = shares.reindex(columns=options, fill_value=0.0)
+            row = {"epoch": epoch, "run": who, "of": of}
+            row.update({f"skipped: {stage}": shares.skipped.reindex(stages.index[stages == stage]).mean()
+                        for stage in dict.fromkeys(stages)})
+            row.update({f"{option}: all blocks": shares[option].mean() for option in options})
+            rows.append({**row, **(_agreement(shares, theirs) if who != "reference" else {})})
+    return pd.DataFrame(rows).fillna("")  # the reference's row has no agreement with itself
 
 
 def _with_objective(run: Run) -> Run:
