@@ -835,8 +835,9 @@ def test_a_runs_precision_file_holds_each_evaluations_gate_shares(tmp_path):
     assert probable.share.between(0, 1, inclusive="neither").all()  # probabilities, none a choice's 0 or 1
     assert (probable.groupby(["epoch", "layer"]).share.sum() <= 1 + 1e-9).all()
     (found,) = find_runs([tmp_path])
-    shares, of = _block_shares(found, 2)
+    shares, of, stages = _block_shares(found, 2)
     assert of == "evaluation" and len(shares) == 9
+    assert stages.tolist() == ["layer1"] * 3 + ["layer2"] * 3 + ["layer3"] * 3
     assert shares.sum(axis=1).tolist() == pytest.approx([1.0] * 9)
 
 

@@ -145,35 +145,24 @@ def _network_order(name: str) -> list[int]:
     return [int(n) for n in re.findall(r"\d+", name)]
 
 
-def _gated_layers(precision: pd.DataFrame) -> list[str]:
-    """The layers of a run's gated blocks (its ``<stage>.<index>.block`` modules), in the record's order."""
-    if precision.empty or "layer" not in precision:
-        return []
-    return [str(name) for name in dict.fromkeys(precision.layer) if ".block." in str(name)]
-
-
-def _gated_blocks(precision: pd.DataFrame) -> list[str]:
-    """A run's gated blocks by name (``layer1.0``), in the network's order (as the reference's gates file numbers its
-    blocks from 0)."""
-    return sorted({name.split(".block.")[0] for name in _gated_layers(precision)}, key=_network_order)
-
-
-def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str] | None:
+def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str, pd.Series] | None:
     """A run's option shares per gated block at ``epoch`` (rows: blocks in the network's order, numbered from 0 over
-    every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``), and what they are of:
+    every block the run records in any epoch; columns: ``FWa/BWg`` options and ``skipped``), what they are of:
     ``evaluation`` (the ``gates_eval`` rows: the gates' choices on the test split, as the reference's logs count
-    them) where the run records them, else ``training`` (the epoch rows: the training epoch's mean). Each block's first
-    quantized layer in the record's (the model's) order, as the block's gate decides for all of its layers (never
-    a downsampling block's shortcut, which also runs, in float32, for the samples that skip the block). A block with no row
-    that epoch skipped every sample."""
+    them) where the run records them, else ``training`` (the epoch rows: the training epoch's mean), and each
+    block's stage (``layer1`` for ``layer1.0``). Each block's first quantized layer in the record's (the model's)
+    order, as the block's gate decides for all of its layers (never a downsampling block's shortcut, which also
+    runs, in float32, for the samples that skip the block). A block with no row that epoch skipped every sample."""
     precision = run.precision
     if precision.empty or not {"layer", "share", "act_bits", "grad_bits"} <= set(precision) \
             or epoch not in set(precision.epoch):
         return None
-    blocks = _gated_blocks(precision)
+    # a run's gated blocks are its ``<stage>.<index>.block`` modules, numbered from 0 in the network's order (as the
+    # reference's gates file numbers its blocks)
+    layers = [name for name in dict.fromkeys(precision.layer) if ".block." in str(name)]
+    blocks = sorted({name.split(".block.")[0] for name in layers}, key=_network_order)
     if not blocks:
         return None
-    layers = _gated_layers(precision)
     rows = precision[(precision.epoch == epoch) & precision.share.notna()]
     events = rows.event if "event" in rows else pd.Series("epoch", index=rows.index)
     of = "evaluation" if (events == "gates_eval").any() else "training"
@@ -184,7 +173,15 @@ def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str] | None:
         first = next(name for name in layers if name.startswith(f"{block}.block.") and ".shortcut" not in name)
         shares = rows[rows.layer == first].groupby("option")["share"].sum()
         found.append({**shares.to_dict(), "skipped": max(0.0, 1.0 - float(shares.sum()))})
-    return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block"), of
+    stages = pd.Series([block.rsplit(".", 1)[0] for block in blocks]).rename_axis("block")
+    return pd.DataFrame(found, index=range(len(blocks))).fillna(0.0).rename_axis("block"), of, stages
+
+
+def _reference_blocks(reference: Reference, epoch: int) -> pd.DataFrame:
+    """The reference's option shares per gated block at ``epoch`` (a block the gates file leaves empty left out)."""
+    # a sum of no share is no share (pivot_table then leaves the block out), not 0
+    return reference.shares[reference.shares.epoch == epoch].pivot_table(
+        index="block", columns="option", values="share", aggfunc=lambda shares: shares.sum(min_count=1)).fillna(0.0)
 
 
 def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd.DataFrame:
@@ -195,15 +192,14 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
         return pd.DataFrame()
     rows = []
     for epoch in epochs:
-        theirs = reference.shares[reference.shares.epoch == epoch].pivot_table(
-            index="block", columns="option", values="share", aggfunc="sum")
+        theirs = _reference_blocks(reference, epoch)
         found = [shares for run in runs if (shares := _block_shares(run, epoch)) is not None]
         if theirs.empty or not found:
             continue
-        of = "/".join(sorted({kind for _, kind in found}))
-        ours = pd.concat([shares for shares, _ in found]).fillna(0.0).groupby(level=0).mean()  # a lacking option: 0
+        of = "/".join(sorted({kind for _, kind, _ in found}))
+        ours = pd.concat([shares for shares, _, _ in found]).fillna(0.0).groupby(level=0).mean()  # a lacking option: 0
         for block in theirs.index.intersection(ours.index):
-            mine, ref = ours.loc[block], theirs.loc[block].fillna(0.0)
+            mine, ref = ours.loc[block], theirs.loc[block]
             top_ours, top_ref = mine.idxmax(), ref.idxmax()
             rows.append({"epoch": epoch, "block": block, "ours: most chosen": top_ours, "share": mine.max(),
                          "reference: most chosen": top_ref, "reference share": ref.max(),
@@ -212,49 +208,56 @@ def shares_table(runs: list[Run], reference: Reference, epochs: list[int]) -> pd
     return pd.DataFrame(rows)
 
 
+def _bits(option: str) -> list[float]:
+    """An option's place in a table's columns: ``skipped`` first, then by its bits (FW6/BW8 before FW6/BW12)."""
+    return [float(bits) for bits in re.findall(r"\d+(?:\.\d+)?", option)]
+
+
+AGREEMENT = ("most chosen as the reference's", "majority skips as the reference's",
+             f"same and share within {SHARE_BAND:g}")
+
+
 def _agreement(ours: pd.DataFrame, theirs: pd.DataFrame) -> dict[str, str]:
-    """Over the blocks both have: how many choose most often the reference's option, skip or run for most of the
-    samples as the reference's do, and both choose its option most often and give it a share within SHARE_BAND of
-    the reference's (the issue-39 target for the gates)."""
-    blocks = theirs.index.intersection(ours.index)
-    ours, theirs = ours.loc[blocks], theirs.loc[blocks]
+    """Over the blocks of ``theirs`` (ours has them, with the same option columns): how many choose most often the
+    reference's option; are skipped by most samples, or run by most, as the reference's are; and both choose its
+    option most often and give it a share within SHARE_BAND of the reference's (the issue-39 target for the gates)."""
     top = theirs.idxmax(axis=1)
     same = ours.idxmax(axis=1) == top
-    share = pd.Series([ours.at[block, option] for block, option in top.items()], index=blocks)
+    share = pd.Series([ours.at[block, option] for block, option in top.items()], index=theirs.index)
     within = same & ((share - theirs.max(axis=1)).abs() <= SHARE_BAND + 1e-9)  # a share on the band's edge is in it
-    skips = (ours.get("skipped", 0.0) > 0.5) == (theirs.get("skipped", 0.0) > 0.5)
-    return {"most chosen as the reference's": f"{int(same.sum())}/{len(blocks)}",
-            "majority skips as the reference's": f"{int(skips.sum())}/{len(blocks)}",
-            f"same and share within {SHARE_BAND:g}": f"{int(within.sum())}/{len(blocks)}"}
+    skips = (ours.skipped > 0.5) == (theirs.skipped > 0.5)
+    return {name: f"{int(count.sum())}/{len(theirs)}" for name, count in zip(AGREEMENT, (same, skips, within))}
 
 
 def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
-    """Per epoch both have gate shares for, each run's gates summed up beside the reference's: the share of the
-    samples that skip each stage's blocks (mean over its blocks) and each option's share over every block's samples;
-    for the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
+    """Per epoch both have gate shares for, each run's gates summed up beside the reference's, over the blocks that
+    the reference and every run have: the share of the samples that skip each stage's blocks (mean over its blocks)
+    and each option's share over every block's samples; for the runs, how many blocks agree with the reference's
+    (:func:`_agreement`)."""
     if reference.shares is None:
         return pd.DataFrame()
     rows = []
     for epoch in sorted(set(reference.shares.epoch)):
-        theirs = reference.shares[reference.shares.epoch == epoch].pivot_table(
-            index="block", columns="option", values="share", aggfunc="sum").fillna(0.0)
-        found = [(run, shares) for run in runs if (shares := _block_shares(run, epoch)) is not None]
+        theirs = _reference_blocks(reference, epoch)
+        found = [(run, *shares) for run in runs if (shares := _block_shares(run, epoch)) is not None]
         if theirs.empty or not found:
             continue
-        stages = pd.Series([name.rsplit(".", 1)[0] for name in _gated_blocks(found[0][0].precision)])
-        # skipped first, then the options by their bits (FW6/BW8 before FW6/BW12)
-        options = sorted({"skipped", *theirs.columns, *(c for _, (ours, _) in found for c in ours.columns)},
-                         key=_network_order)
-        theirs = theirs.reindex(columns=options, fill_value=0.0)
-        for who, shares, of in [("reference", theirs, "")] + [
-                (f"seed {run.seed}" if run.seed is not None else run.dir.name, ours, of) for run, (ours, of) in found]:
-            shares = shares.reindex(columns=options, fill_value=0.0)
-            row = {"epoch": epoch, "run": who, "of": of}
-            row.update({f"skipped: {stage}": shares.skipped.reindex(stages.index[stages == stage]).mean()
-                        for stage in dict.fromkeys(stages)})
+        blocks = theirs.index
+        for _, ours, _, _ in found:
+            blocks = blocks.intersection(ours.index)
+        stages = found[0][3].loc[blocks]  # the runs are one configuration: one model, one set of blocks
+        options = sorted({"skipped", *theirs.columns, *(c for _, ours, _, _ in found for c in ours.columns)}, key=_bits)
+        theirs = theirs.reindex(index=blocks, columns=options, fill_value=0.0)
+        for run, shares, of in [(None, theirs, "")] + [(run, ours, of) for run, ours, of, _ in found]:
+            shares = shares.reindex(index=blocks, columns=options, fill_value=0.0)
+            label = "reference" if run is None else f"seed {run.seed}" if run.seed is not None else run.dir.name
+            row = {"epoch": epoch, "run": label, "of": of}
+            row.update({f"skipped: {stage}": share
+                        for stage, share in shares.skipped.groupby(stages.to_numpy(), sort=False).mean().items()})
             row.update({f"{option}: all blocks": shares[option].mean() for option in options})
-            rows.append({**row, **(_agreement(shares, theirs) if who != "reference" else {})})
-    return pd.DataFrame(rows).fillna("")  # the reference's row has no agreement with itself
+            # the reference's row has no agreement with itself
+            rows.append({**row, **(dict.fromkeys(AGREEMENT, "") if run is None else _agreement(shares, theirs))})
+    return pd.DataFrame(rows)
 
 
 def _with_objective(run: Run) -> Run:
