@@ -228,3 +228,5 @@ def test_each_runs_gates_summed_up_per_epoch_beside_the_references(tmp_path):
     # seed 1: FW6/BW8 where the reference's is FW4/BW6, then two blocks skipped for most images where it runs them
     assert gates.loc["seed 1", agreement].tolist() == ["0/3", "1/3", "0/3"]
     assert gates.loc["reference", agreement].tolist() == ["", "", ""]
+    # seed 1's layer2.0 (block 2) runs for no sample; seed 0's skips 80 %, the reference's 40 %
+    assert gates["blocks skipped by over 99.9 %"].tolist() == ["", "", "2"]
