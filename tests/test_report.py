@@ -1202,3 +1202,27 @@ def test_the_accuracy_cost_figure_leaves_out_the_hardware_panels_no_run_has_figu
         Figure.savefig = original
     assert [axes.get_xlabel() for axes in drawn[0].axes] == ["cumulative effective MACs (float32-equivalent)",
                                                              "cumulative bit-serial time (s)"]
+
+
+@pytest.mark.slow
+def test_one_panel_line_plots_fit_a_configuration_label_wider_than_the_panel(tmp_path, recwarn):
+    """The training-loss and average-bits plots put their legend below the panel, as the learning curves do: a
+    legend inside a 6.5-inch panel with a longer label collapsed the panel (matplotlib warned and drew the legend
+    over the axes)."""
+    pfq = {"fw": [2, 3, 4, 5, 6, 7, 8], "bw": [6, 7, 8, 10, 12, 14, 16], "switch": "manual",
+           "manual_epochs": [10, 20, 30, 40, 50, 60], "epsilon": 0.15, "alpha": 0.4, "window": 3,
+           "scale_epochs": 5, "act_range": "sample_mean", "first_layer": "float32", "last_layer": "quantized"}
+    dynasty = {"levels": [0, 1, 2, 3, 4, 5, 6, 7, 8], "max_bits": 8, "initial_bits": 6, "smoothing": 0.25,
+               "iterations": 5, "weight_rounding": "stochastic", "act_rounding": "stochastic",
+               "grad_rounding": "nearest", "first_layer": "float32", "last_layer": "float32", "average": "blocks",
+               "act_map": "forward"}
+    for seed in (0, 1):
+        fake_run(tmp_path / "runs", f"pfq{seed}", "pfq", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], seed=seed,
+                 model="resnet20", method_keys=pfq, metrics_extra={"stage": [0, 0, 1]})
+        fake_run(tmp_path / "runs", f"dyn{seed}", "dynasty", [0.4, 0.6], [1e9, 2e9], seed=seed, model="resnet20",
+                 method_keys=dynasty, metrics_extra={"dynasty_average_bits": [4.0, 2.0]})
+    runs = find_runs([tmp_path / "runs"])
+    assert all(len(config_label(run, runs)) > 200 for run in runs)
+    names = [path.name.split("-")[0] for path in write_plots(runs, tmp_path / "plots")]
+    assert {"loss", "average"} <= set(names)
+    assert not [str(w.message) for w in recwarn if "constrained_layout not applied" in str(w.message)]

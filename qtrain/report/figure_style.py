@@ -127,6 +127,11 @@ def caption(path: Path) -> str:
         return image.info.get(CAPTION_KEY) or path.stem
 
 
+def epoch_ticks(axes) -> None:
+    """Whole epochs on the x axis: no tick at 1.5."""
+    axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
+
+
 def legend(fig: Figure, axes_list: list) -> None:
     """One legend below the figure for the lines of every panel."""
     entries: dict[str, object] = {}

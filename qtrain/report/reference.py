@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from qtrain.report.figure_style import SEEDS_NOTE, config_lines, legend, option_name, save, slug
+from qtrain.report.figure_style import SEEDS_NOTE, config_lines, epoch_ticks, legend, option_name, save, slug
 from qtrain.report.runs import ReportError, Run
 
 # (column, what it is, the scale from ours to the reference's unit, how a difference is counted): accuracies in
@@ -291,7 +291,7 @@ def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | N
             name = f"{name} + cost term"
         config_lines(mine, axes, "epoch", column, scale)
         axes.set(xlabel="epoch", ylabel=name, xlim=(0.5, last + 0.5))
-        axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
+        epoch_ticks(axes)
         axes.grid(alpha=0.3)
         drawn.append(axes)
     legend(fig, drawn)

@@ -20,6 +20,7 @@ from qtrain.report.figure_style import (
     Group,
     by_config,
     config_lines,
+    epoch_ticks,
     groups,
     label,
     legend,
@@ -42,7 +43,7 @@ def _layer_lines(axes, frame: pd.DataFrame, y: str, layers: list[str]) -> Scalar
     for i, layer in enumerate(layers):
         part = frame[frame.layer == layer].sort_values("epoch")
         axes.plot(part.epoch, part[y], "-", marker=".", markersize=3, color=scale.to_rgba(i), linewidth=1.2)
-    axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)  # epochs: no tick at 1.2
+    epoch_ticks(axes)
     axes.grid(alpha=0.3)
     return scale
 
@@ -129,7 +130,7 @@ def learning_curve_plot(group: Group, out: Path) -> Path | None:
         axes = fig.add_subplot(1, len(panels), i + 1)
         if config_lines(group.runs, axes, "epoch", y, scale):
             axes.set(xlabel="epoch", ylabel=name, **({"yscale": "log"} if y == "test_ppl" else {}))
-            axes.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
+            epoch_ticks(axes)
             axes.grid(alpha=0.3)
             drawn.append(axes)
     if not drawn:
@@ -226,8 +227,9 @@ def average_bits_plot(group: Group, out: Path) -> Path | None:
     for target in sorted({run.get("method.target_bits") for run in chosen} - {None}):
         axes.axhline(target, color="black", linestyle=":", linewidth=0.8)
     axes.set(xlabel="epoch", ylabel="average bits per block (weights x activations)")
+    epoch_ticks(axes)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    legend(fig, [axes])  # below the panel: a configuration's label can be wider than the panel
     fig.suptitle(f"average bit-width over epochs (dotted: targets): {group.title}{SEEDS_NOTE}", fontsize=10)
     return save(fig, out / f"average-bits-{group.slug}.png")
 
@@ -247,8 +249,9 @@ def turning_points_plot(group: Group, out: Path) -> Path | None:
             axes.plot(rises.epoch, rises.train_loss, linestyle="none", marker=seed_marker(i), markersize=11,
                       markerfacecolor="none", markeredgewidth=1.6, color=method_colour(run.method))
     axes.set(xlabel="epoch", ylabel="training loss")
+    epoch_ticks(axes)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    legend(fig, [axes])
     fig.suptitle(f"training loss (large hollow marker: the first epoch of a new precision stage, in the seed's "
                  f"shape): {group.title}{SEEDS_NOTE}", fontsize=10)
     return save(fig, out / f"loss-turning-points-{group.slug}.png")
