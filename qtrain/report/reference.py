@@ -23,6 +23,8 @@ COLUMNS = (("train_loss", "training loss", 1.0, "relative"),
            ("test_acc", "test accuracy (%)", 100.0, "points"),
            ("cp", "computation (% of float32)", 1.0, "points"))
 SHARE_BAND = 0.15  # how far a block's share of the reference's most chosen option may lie from the reference's
+AGREEMENT = ("most chosen as the reference's", "majority skips as the reference's",  # the gates table's counts
+             f"same and share within {SHARE_BAND:g}")
 OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
 
 
@@ -213,14 +215,10 @@ def _bits(option: str) -> list[float]:
     return [float(bits) for bits in re.findall(r"\d+(?:\.\d+)?", option)]
 
 
-AGREEMENT = ("most chosen as the reference's", "majority skips as the reference's",
-             f"same and share within {SHARE_BAND:g}")
-
-
 def _agreement(ours: pd.DataFrame, theirs: pd.DataFrame) -> dict[str, str]:
     """Over the blocks of ``theirs`` (ours has them, with the same option columns): how many choose most often the
     reference's option; are skipped by most samples, or run by most, as the reference's are; and both choose its
-    option most often and give it a share within SHARE_BAND of the reference's (the issue-39 target for the gates)."""
+    option most often and give it a share within SHARE_BAND of the reference's (results/reference_runs' gate target)."""
     top = theirs.idxmax(axis=1)
     same = ours.idxmax(axis=1) == top
     share = pd.Series([ours.at[block, option] for block, option in top.items()], index=theirs.index)
