@@ -230,3 +230,10 @@ def test_each_runs_gates_summed_up_per_epoch_beside_the_references(tmp_path):
     assert gates.loc["reference", agreement].tolist() == ["", "", ""]
     # seed 1's layer2.0 (block 2) runs for no sample; seed 0's skips 80 %, the reference's 40 %
     assert gates["blocks skipped by over 99.9 %"].tolist() == ["", "", "2"]
+    # the two seeds against each other over the same blocks: block 0 FW4/BW6 against FW6/BW8 (both run by most
+    # samples), block 1 FW6/BW8 against the skip, block 2 skipped by both, for 80 and 100 % (0.2 apart)
+    between = _section(text, "Against the reference ref: the runs' gates against each other per epoch (the gate "
+                             "target's noise floor)")
+    assert between[["epoch", "runs"]].values.tolist() == [["3", "seed 0 / seed 1"]]
+    assert between.iloc[0][["most chosen the same", "majority skips the same", "same and share within 0.15"]
+                           ].tolist() == ["1/3", "2/3", "0/3"]

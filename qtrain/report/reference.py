@@ -5,6 +5,7 @@ docs/reports.md ("Against a reference curve") says how the differences are count
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ COLUMNS = (("train_loss", "training loss", 1.0, "relative"),
 SHARE_BAND = 0.15  # how far a block's share of the reference's most chosen option may lie from the reference's
 AGREEMENT = ("most chosen as the reference's", "majority skips as the reference's",  # the gates table's counts
              f"same and share within {SHARE_BAND:g}")
+AGREEMENT_BETWEEN = ("most chosen the same", "majority skips the same",  # the same counts between two runs
+                     f"same and share within {SHARE_BAND:g}")
 OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
 
 
@@ -215,26 +218,35 @@ def _bits(option: str) -> list[float]:
     return [float(bits) for bits in re.findall(r"\d+(?:\.\d+)?", option)]
 
 
-def _agreement(ours: pd.DataFrame, theirs: pd.DataFrame) -> dict[str, str]:
+def _agreement(ours: pd.DataFrame, theirs: pd.DataFrame) -> list[str]:
     """Over the blocks of ``theirs`` (ours has them, with the same option columns): how many choose most often the
-    reference's option; are skipped by most samples, or run by most, as the reference's are; and both choose its
-    option most often and give it a share within SHARE_BAND of the reference's (results/reference_runs' gate target)."""
+    option ``theirs`` does; are skipped by most samples, or run by most, as theirs are; and both choose its option
+    most often and give it a share within SHARE_BAND of theirs (results/reference_runs' gate target). Each count is
+    the same whichever of two runs is ``theirs``."""
     top = theirs.idxmax(axis=1)
     same = ours.idxmax(axis=1) == top
     share = pd.Series([ours.at[block, option] for block, option in top.items()], index=theirs.index)
     within = same & ((share - theirs.max(axis=1)).abs() <= SHARE_BAND + 1e-9)  # a share on the band's edge is in it
     skips = (ours.skipped > 0.5) == (theirs.skipped > 0.5)
-    return {name: f"{int(count.sum())}/{len(theirs)}" for name, count in zip(AGREEMENT, (same, skips, within))}
+    return [f"{int(count.sum())}/{len(theirs)}" for count in (same, skips, within)]
 
 
-def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
-    """Per epoch both have gate shares for, each run's gates summed up beside the reference's, over the blocks that
-    the reference and every run have: the share of the samples that skip each stage's blocks (mean over its blocks)
-    and each option's share over every block's samples, the blocks that run for under 0.1 % of the samples; for
-    the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
+@dataclass
+class _GateEpoch:
+    """One epoch's gate shares of the reference and of each run that has them, over the blocks that all of them have
+    (rows) and every option any of them takes (columns, ``skipped`` first), with each block's stage."""
+
+    epoch: int
+    reference: pd.DataFrame
+    runs: list[tuple[Run, pd.DataFrame, str]]  # (run, its shares, what they are of: :func:`_block_shares`)
+    stages: pd.Series
+
+
+def _gate_epochs(runs: list[Run], reference: Reference) -> list[_GateEpoch]:
+    """Each epoch that the reference's gates file and at least one run have shares for, in order."""
     if reference.shares is None:
-        return pd.DataFrame()
-    rows = []
+        return []
+    epochs = []
     for epoch in sorted(set(reference.shares.epoch)):
         theirs = _reference_blocks(reference, epoch)
         found = [(run, *shares) for run in runs if (shares := _block_shares(run, epoch)) is not None]
@@ -243,20 +255,47 @@ def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
         blocks = theirs.index
         for _, ours, _, _ in found:
             blocks = blocks.intersection(ours.index)
-        stages = found[0][3].loc[blocks]  # the runs are one configuration: one model, one set of blocks
         options = sorted({"skipped", *theirs.columns, *(c for _, ours, _, _ in found for c in ours.columns)}, key=_bits)
-        theirs = theirs.reindex(index=blocks, columns=options, fill_value=0.0)
-        for run, shares, of in [(None, theirs, "")] + [(run, ours, of) for run, ours, of, _ in found]:
-            shares = shares.reindex(index=blocks, columns=options, fill_value=0.0)
-            label = "reference" if run is None else f"seed {run.seed}" if run.seed is not None else run.dir.name
-            row = {"epoch": epoch, "run": label, "of": of}
+        epochs.append(_GateEpoch(epoch, theirs.reindex(index=blocks, columns=options, fill_value=0.0),
+                                 [(run, ours.reindex(index=blocks, columns=options, fill_value=0.0), of)
+                                  for run, ours, of, _ in found],
+                                 found[0][3].loc[blocks]))  # the runs are one configuration: one set of blocks
+    return epochs
+
+
+def _run_label(run: Run) -> str:
+    return f"seed {run.seed}" if run.seed is not None else run.dir.name
+
+
+def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
+    """Per epoch both have gate shares for, each run's gates summed up beside the reference's, over the blocks that
+    the reference and every run have: the share of the samples that skip each stage's blocks (mean over its blocks)
+    and each option's share over every block's samples, the blocks that run for under 0.1 % of the samples; for
+    the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
+    rows = []
+    for gates in _gate_epochs(runs, reference):
+        blocks = gates.reference.index
+        for run, shares, of in [(None, gates.reference, "")] + gates.runs:
+            row = {"epoch": gates.epoch, "run": "reference" if run is None else _run_label(run), "of": of}
             row.update({f"skipped: {stage}": share
-                        for stage, share in shares.skipped.groupby(stages.to_numpy(), sort=False).mean().items()})
-            row.update({f"{option}: all blocks": shares[option].mean() for option in options})
+                        for stage, share in shares.skipped.groupby(gates.stages.to_numpy(), sort=False).mean().items()})
+            row.update({f"{option}: all blocks": shares[option].mean() for option in shares.columns})
             # a gate stuck on skipping: the blocks that run for under 0.1 % of the samples
             row["blocks skipped by over 99.9 %"] = " ".join(map(str, blocks[shares.skipped > 0.999]))
             # the reference's row has no agreement with itself
-            rows.append({**row, **(dict.fromkeys(AGREEMENT, "") if run is None else _agreement(shares, theirs))})
+            agreement = [""] * len(AGREEMENT) if run is None else _agreement(shares, gates.reference)
+            rows.append({**row, **dict(zip(AGREEMENT, agreement))})
+    return pd.DataFrame(rows)
+
+
+def between_runs_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
+    """The gate target's noise floor: per epoch of :func:`gates_table`, each pair of runs' agreement with each other
+    (:func:`_agreement`), over the same blocks; empty with fewer than two runs."""
+    rows = []
+    for gates in _gate_epochs(runs, reference):
+        for (first, theirs, _), (second, ours, _) in itertools.combinations(gates.runs, 2):
+            rows.append({"epoch": gates.epoch, "runs": f"{_run_label(first)} / {_run_label(second)}",
+                         **dict(zip(AGREEMENT_BETWEEN, _agreement(ours, theirs)))})
     return pd.DataFrame(rows)
 
 
