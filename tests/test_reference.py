@@ -18,6 +18,7 @@ from .test_report import fake_run
 # as the logs print them: accuracies in percent
 REFERENCE = {"epoch": [1, 2, 3], "train_loss": [2.0, 1.0, 0.5], "train_acc": [30.0, 50.0, 60.0],
              "test_acc": [40.0, 50.0, 60.0], "cp": [3.0, 3.0, 3.0]}
+FLOOR = ["most chosen the same", "majority skips the same", "same and share within 0.15"]  # the noise floor's counts
 
 
 def _precision(epoch: int, blocks: list[list[tuple[int, int, float]]]) -> list[dict]:
@@ -231,9 +232,24 @@ def test_each_runs_gates_summed_up_per_epoch_beside_the_references(tmp_path):
     # seed 1's layer2.0 (block 2) runs for no sample; seed 0's skips 80 %, the reference's 40 %
     assert gates["blocks skipped by over 99.9 %"].tolist() == ["", "", "2"]
     # the two seeds against each other over the same blocks: block 0 FW4/BW6 against FW6/BW8 (both run by most
-    # samples), block 1 FW6/BW8 against the skip, block 2 skipped by both, for 80 and 100 % (0.2 apart)
-    between = _section(text, "Against the reference ref: the runs' gates against each other per epoch (the gate "
-                             "target's noise floor)")
-    assert between[["epoch", "runs"]].values.tolist() == [["3", "seed 0 / seed 1"]]
-    assert between.iloc[0][["most chosen the same", "majority skips the same", "same and share within 0.15"]
-                           ].tolist() == ["1/3", "2/3", "0/3"]
+    # samples), block 1 FW6/BW8 against the skip, block 2 skipped by both, for 80 and 100 % (0.2 apart); the
+    # reference has no epoch 2 to set its epoch 3 against
+    floor = _section(text, "Against the reference ref: the gate target's noise floor")
+    assert floor[["epoch", "compared"]].values.tolist() == [["3", "seed 1 against seed 0"]]
+    assert floor.iloc[0][FLOOR].tolist() == ["1/3", "2/3", "0/3"]
+
+
+def test_the_references_gates_set_against_its_previous_epoch(tmp_path):
+    """The reference's own change from one epoch to the next, over the blocks it has at both and the run has."""
+    fake_run(tmp_path / "runs", "dfq0", "dfq", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], seed=0, model="resnet38",
+             data="cifar10", precision=_precision(3, [[(6, 8, 1.0)]] * 4))
+    pd.DataFrame(REFERENCE).to_csv(tmp_path / "ref.csv", index=False)
+    # epoch 2 -> 3: block 0 keeps FW6/BW8 (0.7 -> 0.6), block 1 from the skip (0.6) to FW6/BW8 (0.55), block 2
+    # keeps FW4/BW6 (0.9 -> 0.7, outside the band); block 3 is in the file at epoch 3 only
+    pd.DataFrame({"epoch": [2, 2, 2, 3, 3, 3, 3], "block": [0, 1, 2, 0, 1, 2, 3],
+                  "opt0_skip": [0.2, 0.6, 0.1, 0.1, 0.45, 0.0, 0.0], "opt1_fw4_bw6": [0.1, 0.0, 0.9, 0.3, 0.0, 0.7, 1.0],
+                  "opt2_fw6_bw8": [0.7, 0.4, 0.0, 0.6, 0.55, 0.3, 0.0]}).to_csv(tmp_path / "ref_gates.csv", index=False)
+    text = report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv")])
+    floor = _section(text, "Against the reference ref: the gate target's noise floor")
+    assert floor[["epoch", "compared"]].values.tolist() == [["3", "the reference against its epoch 2"]]
+    assert floor.iloc[0][FLOOR].tolist() == ["2/3", "2/3", "1/3"]

@@ -240,7 +240,7 @@ def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Refe
     if not args.reference.is_file():
         raise ReportError(f"--reference {args.reference} is not allowed: no such file (give a reference curve's CSV)")
     from qtrain.report.figure_style import by_config
-    from qtrain.report.reference import between_runs_table, difference_table, gates_table, load_reference, shares_table
+    from qtrain.report.reference import difference_table, gates_table, load_reference, noise_floor_table, shares_table
 
     configs = by_config(runs)
     if len(configs) > 1:
@@ -260,10 +260,10 @@ def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Refe
     gates = gates_table(runs, reference)
     if not gates.empty:
         sections.append((f"Against the reference {reference.name}: each run's gates per epoch", gates.round(3), ""))
-    between = between_runs_table(runs, reference)
-    if not between.empty:
-        sections.append((f"Against the reference {reference.name}: the runs' gates against each other per epoch (the "
-                         "gate target's noise floor)", between, ""))
+    floor = noise_floor_table(runs, reference)
+    if not floor.empty:
+        sections.append((f"Against the reference {reference.name}: the gate target's noise floor (the reference "
+                         "against its previous epoch, the runs against each other)", floor, ""))
     return reference, sections
 
 

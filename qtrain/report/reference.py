@@ -26,7 +26,7 @@ COLUMNS = (("train_loss", "training loss", 1.0, "relative"),
 SHARE_BAND = 0.15  # how far a block's share of the reference's most chosen option may lie from the reference's
 AGREEMENT = ("most chosen as the reference's", "majority skips as the reference's",  # the gates table's counts
              f"same and share within {SHARE_BAND:g}")
-AGREEMENT_BETWEEN = ("most chosen the same", "majority skips the same",  # the same counts between two runs
+AGREEMENT_BETWEEN = ("most chosen the same", "majority skips the same",  # the same counts for any two sets of gates
                      f"same and share within {SHARE_BAND:g}")
 OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
 
@@ -288,14 +288,25 @@ def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def between_runs_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
-    """The gate target's noise floor: per epoch of :func:`gates_table`, each pair of runs' agreement with each other
-    (:func:`_agreement`), over the same blocks; empty with fewer than two runs."""
+def noise_floor_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
+    """The gate target's noise floor, per epoch of :func:`gates_table`: the reference's gates against its own at the
+    epoch before, and each pair of runs' against each other, counted as :func:`_agreement` counts, over the blocks
+    that table counts (and, for the reference, its file has at both epochs)."""
     rows = []
     for gates in _gate_epochs(runs, reference):
-        for (first, theirs, _), (second, ours, _) in itertools.combinations(gates.runs, 2):
-            rows.append({"epoch": gates.epoch, "runs": f"{_run_label(first)} / {_run_label(second)}",
-                         **dict(zip(AGREEMENT_BETWEEN, _agreement(ours, theirs)))})
+        pairs = [(f"its epoch {gates.epoch - 1}", _reference_blocks(reference, gates.epoch - 1),
+                  "the reference", gates.reference)]
+        pairs += [(_run_label(first), theirs, _run_label(second), ours)
+                  for (first, theirs, _), (second, ours, _) in itertools.combinations(gates.runs, 2)]
+        for first, theirs, second, ours in pairs:
+            blocks = ours.index.intersection(theirs.index)
+            if blocks.empty:
+                continue
+            options = ours.columns.union(theirs.columns)
+            counts = _agreement(ours.reindex(index=blocks, columns=options, fill_value=0.0),
+                                theirs.reindex(index=blocks, columns=options, fill_value=0.0))
+            rows.append({"epoch": gates.epoch, "compared": f"{second} against {first}",
+                         **dict(zip(AGREEMENT_BETWEEN, counts))})
     return pd.DataFrame(rows)
 
 
