@@ -35,7 +35,9 @@ def test_the_identity_of_a_config_is_what_it_was(overrides):
 # keys added after runs were committed: at the value those runs had, left out of the identity
 @pytest.mark.parametrize("key,before,other,overrides", [("train.eval_every", 1, 3, ()),
                                                         ("method.scale_rule", "floor", "ceil", ("method=mx",)),
-                                                        ("method.cp_gemms", "all", "weight_gradient", ("method=dfq",))])
+                                                        ("method.cp_gemms", "all", "weight_gradient", ("method=dfq",)),
+                                                        ("model.classifier_init", "torch", "normal_in_out",
+                                                         ("model=resnet38",))])
 def test_a_key_added_later_keeps_the_identity_at_the_value_runs_had_before_it(key, before, other, overrides):
     assert OMITTED_AT[key] == before
     config = make_config(*overrides, f"{key}={before}")
@@ -73,3 +75,5 @@ def test_a_config_recorded_before_keys_were_added_gets_them_at_the_values_runs_h
     del recorded["dfq"]["method"]["cp_gemms"]
     assert {m: with_keys_added_since(config) for m, config in recorded.items()} == current
     assert "scale_rule" not in with_keys_added_since(recorded["sbm"])["method"]  # no key of a method lacking it
+    transformer = OmegaConf.to_container(make_config("model=transformer", "data=text"), resolve=True)
+    assert "classifier_init" not in with_keys_added_since(transformer)["model"]  # nor of a model lacking it

@@ -142,6 +142,9 @@ def test_validate_refuses_an_unknown_model_naming_the_conf_files():
 def test_validate_refuses_a_bad_model_value():
     with pytest.raises(ConfigError, match=r"^model.stem='big' is not allowed \(choose from: auto, cifar, imagenet\)$"):
         validate(make_config("model=resnet18", "model.stem=big"))
+    with pytest.raises(ConfigError, match=r"^model.classifier_init='xavier' is not allowed \(choose from: torch, "
+                                          r"normal_in_out\)$"):
+        validate(make_config("model=resnet38", "model.classifier_init=xavier"))
     with pytest.raises(ConfigError, match=r"^model.d_model=32 is not allowed with model.heads=5: "):
         check_model(make_config("model=transformer", "model.preset=tiny", "model.heads=5").model)
 

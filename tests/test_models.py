@@ -1,5 +1,7 @@
 """Model registry: the CIFAR ResNet family's layout, ResNet-18/34 against torchvision, AlexNet's shapes, input-size checks."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -164,3 +166,28 @@ def test_resnet18_stem_from_the_config_and_its_output():
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ConfigError, match="model.stem='big' is not allowed"):
         build_model("resnet18", {"name": "resnet18", "stem": "big"}, in_channels=3, num_classes=10, input_size=(32, 32))
+
+
+def test_the_reference_classifier_init_is_its_normal_draw_and_leaves_every_other_draw_alone():
+    """``classifier_init=normal_in_out``: the classifier's weight is N(0, 2/(in*out)) (FracTrain's reference code),
+    drawn from the random state that follows the model's construction, which it leaves in place: the same seed then
+    makes every other parameter, the bias and the next draw as with torch's initialization."""
+    def build(init):
+        torch.manual_seed(5)
+        model = build_model("resnet38", {"name": "resnet38", "classifier_init": init}, in_channels=3, num_classes=10,
+                            input_size=(32, 32))
+        return model, torch.rand(3)
+
+    torch_init, after_torch = build("torch")
+    reference, after_reference = build("normal_in_out")
+    torch.manual_seed(5)
+    build_model("resnet38", {"name": "resnet38"}, in_channels=3, num_classes=10, input_size=(32, 32))
+    expected = torch.empty(10, 64).normal_(0.0, math.sqrt(2.0 / 640))  # in 64, out 10
+    assert torch.equal(reference.fc.weight, expected)
+    assert torch.equal(after_reference, after_torch)
+    assert not torch.equal(reference.fc.weight, torch_init.fc.weight)
+    others = {name: p for name, p in torch_init.named_parameters() if name != "fc.weight"}
+    assert all(torch.equal(p, others[name]) for name, p in reference.named_parameters() if name != "fc.weight")
+    assert len(others) == len(list(reference.parameters())) - 1
+    with pytest.raises(ConfigError, match=r"^model.classifier_init='big' is not allowed"):
+        build_model("resnet20", {"name": "resnet20", "classifier_init": "big"}, in_channels=3, num_classes=10)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
 from qtrain.config.methods import METHODS
+from qtrain.config.models import MODELS
 
 INSTANTIATION_KEYS = ("_target_", "_partial_")  # Hydra's, in conf/optim and conf/sched
 _ALWAYS = object()
@@ -53,6 +54,7 @@ RUN_KEYS: dict[str, RunKey] = {
     "method.scale_rule": RunKey(omitted_at="floor"),  # MX's
     "method.matmuls": RunKey(omitted_at="quantized"),  # FP8's and MX's
     "method.cp_gemms": RunKey(omitted_at="all"),  # DFQ's and FracTrain's
+    "model.classifier_init": RunKey(omitted_at="torch"),  # the CIFAR ResNets'
 }
 NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)
 PATH_KEYS = tuple(key for key, role in RUN_KEYS.items() if role.path)
@@ -92,14 +94,17 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
 
 def with_keys_added_since(config: dict[str, Any]) -> dict[str, Any]:
     """A run's recorded ``config`` with each :data:`OMITTED_AT` key it lacks set to the value it ran at, so that it
-    builds today; a method's key only where that method's schema has it (MX's ``scale_rule`` is no key of SBM's)."""
+    builds today; a method's or model's key only where that method's or model's schema has it (MX's ``scale_rule``
+    is no key of SBM's, the CIFAR ResNets' ``classifier_init`` none of the Transformer's)."""
     plain = copy.deepcopy(config)
-    schema = METHODS.get(_section(plain, ["method"]).get("name"))
-    method_keys = {field.name for field in fields(schema)} if schema is not None else set()
+    schema_keys = {}
+    for section, schemas in (("method", METHODS), ("model", MODELS)):
+        schema = schemas.get(_section(plain, [section]).get("name"))
+        schema_keys[section] = {field.name for field in fields(schema)} if schema is not None else set()
     for dotted, value in OMITTED_AT.items():
         *sections, key = dotted.split(".")
         section = _section(plain, sections)
-        if key not in section and (sections != ["method"] or key in method_keys):
+        if key not in section and (sections[0] not in schema_keys or key in schema_keys[sections[0]]):
             section[key] = value
     return plain
 

@@ -32,6 +32,16 @@ class ImageNetResNet(ModelConfig):
     stem: Stem
 
 
+class ClassifierInit(Enum):
+    TORCH = "torch"  # nn.Linear's own: uniform in +-1/sqrt(in)
+    NORMAL_IN_OUT = "normal_in_out"  # N(0, 2/(in*out)): FracTrain's reference code's CIFAR ResNets
+
+
+@dataclass(frozen=True)
+class CIFARResNet(ModelConfig):
+    classifier_init: ClassifierInit
+
+
 # The Transformer's sizes by name, with each one's peak learning rate and warm-up (conf/recipe): base is FracTrain
 # Table 2's Transformer-base, small trains on a CPU, tiny is for tests (docs/models.md)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -69,7 +79,10 @@ class Transformer(ModelConfig):
 
 
 # The models with keys of their own to check; every other model (conf/model names them all) has ModelConfig's.
-MODELS: dict[str, type[ModelConfig]] = {"resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer}
+MODELS: dict[str, type[ModelConfig]] = {
+    "resnet18": ImageNetResNet, "resnet34": ImageNetResNet, "transformer": Transformer,
+    **dict.fromkeys(("resnet20", "resnet38", "resnet74", "resnet110", "resnet164"), CIFARResNet),
+}
 
 
 def check_model(model: DictConfig) -> ModelConfig:

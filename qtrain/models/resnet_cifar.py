@@ -8,7 +8,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from qtrain.config.models import ClassifierInit
+from qtrain.errors import ConfigError
 from qtrain.models.blocks import Block
+
+CLASSIFIER_INITS = tuple(init.value for init in ClassifierInit)
 
 
 class BasicBlock(Block):
@@ -62,14 +66,28 @@ def projection_shortcut(in_planes: int, out_planes: int, stride: int, identity: 
     return nn.Sequential(nn.Conv2d(in_planes, out_planes, 1, stride, bias=False), nn.BatchNorm2d(out_planes))
 
 
+def normal_in_out_(weight: torch.Tensor) -> None:
+    """Redraw a classifier's weight from N(0, 2/(in*out)), as FracTrain's reference code initializes its CIFAR
+    ResNets' ``nn.Linear``, in place of torch's uniform(±1/sqrt(in)) (the bias keeps torch's, as there). The draw
+    leaves the random stream where it was, so that every later draw (the data's order, the gates) is the one the
+    same seed makes with torch's initialization: the two differ in the classifier's start alone."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        weight.normal_(0.0, (2.0 / weight.numel()) ** 0.5)
+
+
 class ResNetCIFAR(nn.Module):
     min_input_size = 1
+    options = ("classifier_init",)
 
     def __init__(self, depth: int, in_channels: int = 3, num_classes: int = 10, input_size: int = 32,
-                 bottleneck: bool = False) -> None:
+                 bottleneck: bool = False, classifier_init: str = "torch") -> None:
         """Depth 6n+2 of basic blocks or, with ``bottleneck``, 9n+2 of bottleneck blocks. ``input_size`` is
-        accepted for a uniform model signature; pooling makes any size work."""
+        accepted for a uniform model signature; pooling makes any size work. ``classifier_init``: ``torch``
+        (``nn.Linear``'s own) or ``normal_in_out`` (FracTrain's reference code's), :func:`normal_in_out_`."""
         super().__init__()
+        if classifier_init not in CLASSIFIER_INITS:  # a caller's (the config's is checked before any work)
+            raise ConfigError(f"model.classifier_init={classifier_init!r} is not allowed (choose from: "
+                              f"{', '.join(CLASSIFIER_INITS)})")
         block, per_block = (Bottleneck, 9) if bottleneck else (BasicBlock, 6)
         if (depth - 2) % per_block or depth < per_block + 2:
             raise ValueError(f"CIFAR ResNet depth must be {per_block}n+2 with n >= 1 for {block.__name__} blocks, "
@@ -89,6 +107,8 @@ class ResNetCIFAR(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if classifier_init == ClassifierInit.NORMAL_IN_OUT.value:
+            normal_in_out_(self.fc.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
