@@ -19,7 +19,7 @@ from torch import nn
 
 from qtrain import distributed
 from qtrain.checkpoint import Checkpoint, rng_state
-from qtrain.config import identity, validate
+from qtrain.config import identity, recorded, validate
 from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers
 from qtrain.data import DATASETS, load_data
 from qtrain.data.base import Periods, Stream
@@ -169,7 +169,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     )
     if distributed.is_writer():
         _log_float32_layers(cfg, meter, plan.method)
-        files.write_config(cfg, overrides)
+        files.write_config(recorded(cfg), overrides)
     end_epoch = _EpochEnd(cfg, files, trainer, saver, gemm_layers(model), precision_log)
     if checkpoint is not None and distributed.is_writer():
         end_epoch.write_tables(progress)  # a run stopped between its checkpoint and its tables has them again

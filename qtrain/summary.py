@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from qtrain import distributed
-from qtrain.config import digest, identity
+from qtrain.config import digest, identity, recorded
 from qtrain.cost import CostMeter, to_target
 from qtrain.data import data_task
 from qtrain.methods import Method
@@ -81,7 +81,7 @@ def summarize(cfg: DictConfig, progress: Progress, meter: CostMeter, method: Met
         "versions": versions(),
         "run_id": digest(ident),
         "identity": ident,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": OmegaConf.to_container(recorded(cfg), resolve=True),
     }
 
 

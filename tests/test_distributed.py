@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import torch
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 
 from qtrain import distributed
-from qtrain.config import first_difference, identity
+from qtrain.config import digest, first_difference, identity, recorded
 from qtrain.data import BatchStream, load_data
 from qtrain.run import run
 from qtrain.train import Trainer
@@ -139,6 +140,9 @@ def test_cost_counts_every_sample_once(two_ranks, method):
     samples = 2 * 256  # two epochs of the 256 synthetic samples
     cost = pd.read_csv(root / method / "cost.csv")
     assert summary["world_size"] == 2 and zero[method]["trace"][-1]["meter"]["samples"] == samples
+    written = OmegaConf.to_container(OmegaConf.load(root / method / ".hydra" / "config.yaml"), resolve=True)
+    assert written["world_size"] == summary["config"]["world_size"] == 2
+    assert digest(identity(written)) == summary["run_id"]
     assert summary["cost"]["float32_effective_macs"] == samples * 3 * cost["macs_per_sample"].sum()
     assert cost["effective_macs"].sum() == pytest.approx(summary["cost"]["effective_macs"], rel=1e-12)
     if method == "dfq":
@@ -222,6 +226,19 @@ def test_world_size_is_part_of_the_identity(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     two = identity(cfg)
     assert "world_size" not in one and first_difference(one, two) == "world_size (absent) → 2"
+
+
+def test_the_record_of_a_run_on_several_processes_gives_its_identity(monkeypatch):
+    # a run in progress is known by its .hydra/config.yaml alone: read outside the process group, it must give the
+    # identity the run computed inside it, not a one-process run's
+    cfg = make_config(*TINY)
+    assert OmegaConf.to_container(recorded(cfg)) == OmegaConf.to_container(cfg)  # one process: records as before
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    in_run = identity(cfg)
+    record = OmegaConf.to_container(recorded(cfg), resolve=True)
+    monkeypatch.delenv("WORLD_SIZE")
+    assert record["world_size"] == 2 and "world_size" not in cfg
+    assert identity(record) == in_run and digest(identity(record)) != digest(identity(cfg))
 
 
 @pytest.mark.slow

@@ -201,6 +201,21 @@ def test_other_config_differences_split_rows(tmp_path):
     assert len(summary_frame(frame)) == 2
 
 
+def test_a_run_on_several_processes_is_another_configuration_than_one_on_one(tmp_path):
+    # both in progress (.hydra/config.yaml only), the same config and seed: the record's world_size sets them apart
+    one = fake_run(tmp_path, "one", "sbm", [0.5], [1e9], status=None)
+    four = fake_run(tmp_path, "four", "sbm", [0.6], [1e9], status=None)
+    config = OmegaConf.load(four / ".hydra" / "config.yaml")
+    config.world_size = 4
+    (four / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    runs = find_runs([tmp_path])
+    kept, twins = one_per_identity(runs)
+    assert len(kept) == 2 and twins == []
+    frame = run_frame(runs).set_index("dir")
+    assert frame.loc[str(one), "config"] == "" and frame.loc[str(four), "config"] == "world_size=4"
+    assert len(summary_frame(frame.reset_index())) == 2
+
+
 def test_a_run_made_before_eval_every_and_one_at_its_default_are_one_configuration(tmp_path):
     fake_run(tmp_path, "before", "sbm", [0.5], [1e9])  # its config has no train.eval_every
     fake_run(tmp_path, "default", "sbm", [0.6], [1e9], seed=1, train_keys={"eval_every": 1})

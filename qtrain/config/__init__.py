@@ -15,11 +15,12 @@ from qtrain.config.identity import (
                                    digest,
                                    first_difference,
                                    identity,
+                                   recorded,
                                    with_keys_added_since,
 )
 from qtrain.config.resolvers import NAME_LENGTH, run_dir_name
 
 __all__ = ["GROUPS", "NAME_LENGTH", "NOT_CONFIGURATION", "NOT_IDENTITY", "NOT_IN_DIR_NAME", "OMITTED_AT",
            "RUN_KEYS",
-           "check_command_line", "digest", "first_difference", "group_options", "identity", "run_dir_name", "sweep_size",
-           "swept_keys", "validate", "with_keys_added_since"]
+           "check_command_line", "digest", "first_difference", "group_options", "identity", "recorded", "run_dir_name",
+           "sweep_size", "swept_keys", "validate", "with_keys_added_since"]

@@ -11,7 +11,7 @@ import platform
 from dataclasses import dataclass, fields
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from qtrain import distributed
 from qtrain.config.methods import METHODS
@@ -90,6 +90,18 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
     if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
         data["python"] = platform.python_version()
     return plain
+
+
+def recorded(config: DictConfig) -> DictConfig:
+    """``config`` as the run's files record it (``.hydra/config.yaml``, the summary's ``config``): with ``world_size``
+    where more than one process trains the run, so that the record alone gives the run's identity, and qtrain-report
+    tells it from a one-process run of the same config (BatchNorm statistics and activation ranges are per process)."""
+    if not distributed.active():
+        return config
+    record = copy.deepcopy(config)
+    with open_dict(record):
+        record.world_size = distributed.world_size()
+    return record
 
 
 def with_keys_added_since(config: dict[str, Any]) -> dict[str, Any]:
