@@ -92,6 +92,10 @@ def test_the_learning_curve_figure_has_a_panel_for_each_curve_a_run_records(tmp_
     (lambda d: None, ["--shares-at", "5"], "not allowed without --reference"),
     (lambda d: fake_run(d / "runs", "other", "sbm", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], model="resnet38", data="cifar10"),
      ["--reference", "ref.csv"], "compares the seeds of one configuration"),
+    # the same method and setting, another key outside the method: not a third seed of the fixture's configuration
+    (lambda d: fake_run(d / "runs", "longer", "dfq", [0.4, 0.5, 0.6], [1e9, 2e9, 3e9], model="resnet38", seed=2,
+                        data="cifar10", train_keys={"epochs": 4}),
+     ["--reference", "ref.csv"], "these runs are 2: dfq train.epochs=2; dfq train.epochs=4"),
 ])
 def test_bad_reference_input_is_one_line(runs_and_reference, tmp_path, monkeypatch, make, args, message):
     root, _ = runs_and_reference

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from qtrain.catalog import METHOD_NAMES
 from qtrain.report.runs import Run
-from qtrain.report.tables import run_frame, setting
+from qtrain.report.tables import other_keys, run_frame, setting
 from qtrain.resources import conf_dir
 
 PALETTE = colormaps["tab10"].colors + colormaps["Dark2"].colors  # tab10's first, so older figures keep their colours
@@ -50,8 +50,9 @@ def method_colour(method: str) -> tuple[float, float, float]:
 
 
 def config_label(run: Run, peers: list[Run]) -> str:
-    """A configuration's name in legends: its method and setting (among ``peers``, the figure's runs)."""
-    return " ".join(part for part in (run.method, setting(run, peers)) if part)
+    """A configuration's name in legends: its method, setting and the other keys that set it apart (among ``peers``,
+    the figure's runs: the runs table's setting and config)."""
+    return " ".join(part for part in (run.method, setting(run, peers), other_keys(run, peers)) if part)
 
 
 def label(run: Run, peers: list[Run]) -> str:

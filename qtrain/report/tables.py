@@ -96,6 +96,16 @@ def _varying(runs: list[Run]) -> dict[str, list[str]]:
             for key, members in groups.items()}
 
 
+def _config_text(run: Run, keys: list[str]) -> str:
+    return " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k))
+
+
+def other_keys(run: Run, peers: list[Run]) -> str:
+    """The run's keys outside the method whose values differ between ``peers`` of its model, data and scale (the runs
+    table's *config*: ``train.epochs=4``, ``world_size=4``), as ``key=value``."""
+    return _config_text(run, _varying(peers).get("/".join((run.model, run.data, run.scale)), []))
+
+
 def run_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per run: its configuration columns, seed, status, epochs, every figure, and its directory."""
     if not runs:
@@ -106,7 +116,7 @@ def run_frame(runs: list[Run]) -> pd.DataFrame:
         keys = varying["/".join((run.model, run.data, run.scale))]
         rows.append({
             "method": run.method, "model": run.model, "data": run.data, "scale": run.scale, "setting": setting(run, runs),
-            "config": " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k)),
+            "config": _config_text(run, keys),
             "seed": run.seed, "fold": run.get("data.fold"), "status": run.status, "notes": run.notes,
             "epochs": run.epochs, **{name: figure(run, name) for name in FIGURES}, "dir": str(run.dir),
         })
