@@ -66,3 +66,13 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys):
             reencode_cifar.main(argv)
         assert stop.value.code == 2 and message in capsys.readouterr().err
         assert not (tmp_path / "out").exists()
+
+
+def test_psnr_by_hand():
+    a = np.zeros((2, 3072), dtype=np.uint8)
+    assert reencode_cifar.psnr(a, a) == float("inf")
+    # every value one level apart: MSE 1, so 10 log10(255^2) = 48.13 dB; half of them 4 apart: MSE 8, 39.10 dB
+    assert reencode_cifar.psnr(a, a + 1) == pytest.approx(48.1308, abs=1e-4)
+    b = a.copy()
+    b[0] = 4
+    assert reencode_cifar.psnr(a, b) == pytest.approx(39.0999, abs=1e-4)
