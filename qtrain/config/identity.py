@@ -64,10 +64,11 @@ OMITTED_AT = {key: role.omitted_at for key, role in RUN_KEYS.items() if role.omi
 
 
 def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
-    """The resolved config minus :data:`NOT_IDENTITY` and the :data:`OMITTED_AT` keys at those values, with
-    :data:`PATH_KEYS` made absolute, and the world size above 1."""
+    """The resolved config as the run records it (:func:`recorded`: a live config gains the world size above 1, a
+    record holds it) minus :data:`NOT_IDENTITY` and the :data:`OMITTED_AT` keys at those values, with
+    :data:`PATH_KEYS` made absolute."""
     if isinstance(config, DictConfig):
-        plain = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
+        plain = OmegaConf.to_container(recorded(config), resolve=True, throw_on_missing=False)
     else:
         plain = copy.deepcopy(config)
     plain.pop("hydra", None)
@@ -84,8 +85,6 @@ def identity(config: DictConfig | dict[str, Any]) -> dict[str, Any]:
         section = _section(plain, sections)
         if isinstance(section.get(key), str) and section[key] != "???":
             section[key] = os.path.abspath(os.path.expanduser(section[key]))
-    if distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
-        plain["world_size"] = distributed.world_size()
     data = plain.get("data")
     if isinstance(data, dict) and data.get("name") == "text":  # Python's own docs: the corpus changes with the release
         data["python"] = platform.python_version()
@@ -96,7 +95,7 @@ def recorded(config: DictConfig) -> DictConfig:
     """``config`` as the run's files record it (``.hydra/config.yaml``, the summary's ``config``): with ``world_size``
     where more than one process trains the run, so that the record alone gives the run's identity, and qtrain-report
     tells it from a one-process run of the same config (BatchNorm statistics and activation ranges are per process)."""
-    if not distributed.active():
+    if not distributed.active():  # absent on one process: the identities (and directories) of earlier runs stay
         return config
     record = copy.deepcopy(config)
     with open_dict(record):
