@@ -27,7 +27,7 @@ from qtrain.report.figure_style import by_config, config_label, config_style, gr
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
 from qtrain.report.run_plots import _average_bits, write_plots
 from qtrain.report.runs import ReportError, find_runs, one_per_identity
-from qtrain.report.tables import display_frame, run_frame, summary_frame
+from qtrain.report.tables import display_frame, other_keys, run_frame, summary_frame
 from qtrain.resources import conf_dir
 from qtrain.results import loss_explosion
 
@@ -214,6 +214,22 @@ def test_a_run_on_several_processes_is_another_configuration_than_one_on_one(tmp
     frame = run_frame(runs).set_index("dir")
     assert frame.loc[str(one), "config"] == "" and frame.loc[str(four), "config"] == "world_size=4"
     assert len(summary_frame(frame.reset_index())) == 2
+
+
+def test_a_run_alone_names_the_keys_a_run_made_before_them_lacks(tmp_path):
+    # nothing to differ from, yet the runs table and the labels still say the classifier's draw and the process count
+    four = fake_run(tmp_path / "four", "four", "sbm", [0.6], [1e9], status=None, model="resnet38",
+                    model_keys={"classifier_init": "normal_in_out"}, train_keys={"eval_every": 2})
+    config = OmegaConf.load(four / ".hydra" / "config.yaml")
+    config.world_size = 4
+    (four / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    fake_run(tmp_path / "plain", "plain", "sbm", [0.6], [1e9], model="resnet38", model_keys={"classifier_init": "torch"})
+    for folder, expected in (("four", "model.classifier_init=normal_in_out train.eval_every=2 world_size=4"),
+                             ("plain", "")):
+        runs = find_runs([tmp_path / folder])
+        assert run_frame(runs).config.tolist() == [expected]
+        assert other_keys(runs[0], runs) == expected
+        assert config_label(runs[0], runs) == " ".join(filter(None, ("sbm", expected)))
 
 
 def test_a_run_made_before_eval_every_and_one_at_its_default_are_one_configuration(tmp_path):

@@ -13,7 +13,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from qtrain.catalog import GATE_OPTIONS, GATED, HARDWARE
-from qtrain.config import NOT_CONFIGURATION
+from qtrain.config import NOT_CONFIGURATION, OMITTED_AT
 from qtrain.report.runs import ReportError, Run, flatten
 from qtrain.resources import conf_dir
 
@@ -96,13 +96,19 @@ def _varying(runs: list[Run]) -> dict[str, list[str]]:
             for key, members in groups.items()}
 
 
-def _config_text(run: Run, keys: list[str]) -> str:
+def _config_text(run: Run, varying: list[str]) -> str:
+    """The run's ``varying`` keys and those a run made before the key existed lacks (:data:`OMITTED_AT`'s outside
+    the method, and ``world_size``, which a run on one process lacks) where it holds them: ``flat_config`` holds
+    those only at another value than such a run had, so a run alone in its report still names them."""
+    added = [k for k in run.flat_config if k == "world_size" or k in OMITTED_AT and not k.startswith("method.")]
+    keys = sorted({*varying, *added})
     return " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k))
 
 
 def other_keys(run: Run, peers: list[Run]) -> str:
-    """The run's keys outside the method whose values differ between ``peers`` of its model, data and scale (the runs
-    table's *config*: ``train.epochs=4``, ``world_size=4``), as ``key=value``."""
+    """The run's keys outside the method whose values differ between ``peers`` of its model, data and scale, or
+    that a run made before them lacks (the runs table's *config*: ``train.epochs=4``, ``world_size=4``,
+    ``model.classifier_init=normal_in_out``), as ``key=value``."""
     return _config_text(run, _varying(peers).get("/".join((run.model, run.data, run.scale)), []))
 
 
