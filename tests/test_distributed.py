@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from qtrain import distributed
 from qtrain.config import digest, first_difference, identity, recorded
 from qtrain.data import BatchStream, load_data
+from qtrain.methods.dfq import DFQ
 from qtrain.run import run
 from qtrain.train import Trainer
 
@@ -53,9 +54,16 @@ def _free_port() -> int:
 
 
 def _traced_run(overrides, run_dir, stop_after=None):
-    """Run with every epoch's metrics, precision record and meter recorded, and what this rank charged itself."""
-    trace, charged = [], [0.0]
-    fit = Trainer.fit
+    """Run with every epoch's metrics, precision record and meter recorded, what this rank charged itself, and (DFQ)
+    what its gates counted each epoch before and after the sum over ranks."""
+    trace, charged, gate_counts = [], [0.0], []
+    fit, take = Trainer.fit, DFQ._take_gate_counts
+
+    def traced_take(self, counted):
+        local = torch.stack([torch.stack([getattr(b, name).double().clone() for b in self.blocks]) for name in counted])
+        summed = take(self, counted)
+        gate_counts.append((local, summed.clone()))
+        return summed
 
     def traced_fit(self, on_epoch_end):
         meter_add = self.meter.add
@@ -76,12 +84,12 @@ def _traced_run(overrides, run_dir, stop_after=None):
                 raise Stop
         return fit(self, record)
 
-    Trainer.fit = traced_fit
+    Trainer.fit, DFQ._take_gate_counts = traced_fit, traced_take
     try:
         summary = run(make_config(*overrides), run_dir)
     finally:
-        Trainer.fit = fit
-    return {"trace": trace, "charged": charged[0], "summary": summary}
+        Trainer.fit, DFQ._take_gate_counts = fit, take
+    return {"trace": trace, "charged": charged[0], "summary": summary, "gate_counts": gate_counts}
 
 
 def _worker(rank, world, port, jobs, out):
@@ -153,6 +161,24 @@ def test_cost_counts_every_sample_once(two_ranks, method):
     macs = cost["macs_per_sample"]
     expected = samples * (body * macs.iloc[:-1].sum() + last * macs.iloc[-1])
     assert summary["cost"]["effective_macs"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_the_gates_records_count_both_ranks_samples(two_ranks):
+    root, (zero, one) = two_ranks
+    counts = [rank["dfq"]["gate_counts"] for rank in (zero, one)]
+    assert len(counts[0]) == len(counts[1]) == 2  # one sum an epoch, both events in it
+    precision = pd.read_csv(root / "dfq" / "precision.csv")
+    for epoch, ((local0, summed0), (local1, summed1)) in enumerate(zip(*counts), start=1):
+        assert torch.equal(summed0, local0 + local1) and torch.equal(summed1, summed0)
+        assert not torch.equal(local0, local1)  # the ranks' own samples: a sum of one rank's twice would differ
+        for event, sums in zip(("gates_probability", "gates_eval"), summed0):
+            assert sums.sum(1).gt(0).all()
+            rows = precision[(precision.epoch == epoch) & (precision.event == event)]
+            first = rows.layer.iloc[0]  # the first gated block's first layer: a row per option it ran at
+            mine = rows[rows.layer == first].share.to_numpy()
+            shares = (sums[0] / sums[0].sum()).tolist()[1:]  # ResNet-20's first option is the skip
+            assert sorted(mine) == pytest.approx(sorted(s for s in shares if s > 0), abs=1e-12)
 
 
 @pytest.mark.slow

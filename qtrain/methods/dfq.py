@@ -217,21 +217,28 @@ class DFQ(Method):
         metrics["target_cp"] = self.target_cp()
         metrics["cost_term"] = self._term_sum / self._samples if self._samples else float("nan")
         self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
-        for event, counted in (("gates_probability", "train_probs"), ("gates_eval", "eval_choices")):
-            self._record_gates(epoch, metrics.get("step"), event, counted)
+        events = {"gates_probability": "train_probs", "gates_eval": "eval_choices"}
+        for event, sums in zip(events, self._take_gate_counts(list(events.values()))):
+            self._record_gates(epoch, metrics.get("step"), event, sums)
 
-    def _record_gates(self, epoch: int, step: int | None, event: str, counted: str) -> None:
-        """precision.csv rows (``event``) per layer and option from what each block's gate counted since the last
-        epoch's end (its attribute ``counted``), as shares of it: ``gates_eval``, the options the gates chose for the
-        samples of the epoch's evaluation (the eval-mode choices on the test split that the reference's logs give per
-        epoch); ``gates_probability``, the mean probability they gave each option over the training epoch's samples,
-        beside the epoch rows' mean shares of the options they chose."""
-        device = next(self.controller.parameters()).device
-        none = torch.zeros(self.num_options, dtype=torch.float64, device=device)  # a process without samples
-        sums = distributed.sum_(torch.stack([none if getattr(b, counted) is None else getattr(b, counted).double()
-                                             for b in self.blocks]))  # every process sums, counted or not
+    def _take_gate_counts(self, counted: list[str]) -> torch.Tensor:
+        """What each block's gate counted since the last epoch's end in each of its attributes ``counted``, summed
+        over processes in one all-reduce (every process takes part, counted or not), as (attribute, block, option);
+        the counts start again from nothing."""
+        none = torch.zeros(self.num_options, dtype=torch.float64, device=next(self.controller.parameters()).device)
+        counts = torch.stack([torch.stack([none if getattr(b, name) is None else getattr(b, name).double()
+                                           for b in self.blocks]) for name in counted])
         for block in self.blocks:
-            setattr(block, counted, None)
+            for name in counted:
+                setattr(block, name, None)
+        return distributed.sum_(counts)
+
+    def _record_gates(self, epoch: int, step: int | None, event: str, sums: torch.Tensor) -> None:
+        """precision.csv rows (``event``) per layer and option from what each block's gate counted over the epoch
+        (``sums``, block by option), as shares of it: ``gates_eval``, the options the gates chose for the samples of
+        the epoch's evaluation (the eval-mode choices on the test split that the reference's logs give per epoch);
+        ``gates_probability``, the mean probability they gave each option over the training epoch's samples, beside
+        the epoch rows' mean shares of the options they chose."""
         if not (sums.sum(1) > 0).all():
             return  # nothing counted this epoch: no evaluation (no training batch)
         record = self._step_record((sums / sums.sum(1, keepdim=True)).flatten().tolist())
