@@ -257,3 +257,22 @@ def test_the_references_gates_set_against_its_previous_epoch(tmp_path):
     floor = _section(text, "Against the reference ref: the gate target's noise floor")
     assert floor[["epoch", "compared"]].values.tolist() == [["3", "the reference against its epoch 2"]]
     assert floor.iloc[0][FLOOR].tolist() == ["2/3", "2/3", "1/3"]
+
+
+def test_the_per_epoch_gate_tables_show_every_nth_epoch_and_the_last(tmp_path):
+    precision = [row for epoch in range(1, 6) for row in _precision(epoch, [[(6, 8, 1.0)]])]
+    fake_run(tmp_path / "runs", "dfq0", "dfq", [0.4] * 5, [1e9] * 5, seed=0, model="resnet38", data="cifar10",
+             precision=precision)
+    pd.DataFrame(REFERENCE).to_csv(tmp_path / "ref.csv", index=False)
+    pd.DataFrame({"epoch": range(1, 6), "block": 0, "opt0_skip": 0.0, "opt1_fw6_bw8": 1.0}).to_csv(
+        tmp_path / "ref_gates.csv", index=False)
+    for every, epochs in ((1, ["1", "2", "3", "4", "5"]), (2, ["2", "4", "5"]), (5, ["5"]), (9, ["5"])):
+        text = report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv"), "--gates-every", str(every)])
+        gates = _section(text, "Against the reference ref: each run's gates per epoch")
+        assert gates[gates.run == "seed 0"].epoch.tolist() == epochs
+        floor = _section(text, "Against the reference ref: the gate target's noise floor")
+        assert floor.epoch.tolist() == [e for e in epochs if e != "1"]  # the reference has no epoch 0
+    with pytest.raises(ReportError, match="--gates-every 0 is not allowed: give a whole number from 1"):
+        report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv"), "--gates-every", "0"])
+    with pytest.raises(ReportError, match="not allowed without --reference"):
+        report([str(tmp_path / "runs"), "--gates-every", "2"])

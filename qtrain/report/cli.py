@@ -67,6 +67,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shares-at", type=int, nargs="+", default=[], metavar="EPOCH",
                         help="with --reference, the epochs whose gate shares are set side by side (default: the runs' "
                              "last epoch)")
+    parser.add_argument("--gates-every", type=int, default=1, metavar="N",
+                        help="with --reference, the per-epoch gate tables show every N-th epoch and the last (default 1)")
     return parser.parse_args(argv)
 
 
@@ -233,10 +235,12 @@ def _write(path: Path, write: Callable[[Path], None]) -> None:
 def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Reference | None, list]:
     """The reference curve ``--reference`` names and the report's sections about it (none without the option)."""
     if args.reference is None:
-        if args.shares_at or args.reference_from != 1:
-            raise ReportError("--reference-from and --shares-at are not allowed without --reference (they say how the "
-                              "runs are compared with it)")
+        if args.shares_at or args.reference_from != 1 or args.gates_every != 1:
+            raise ReportError("--reference-from, --shares-at and --gates-every are not allowed without --reference "
+                              "(they say how the runs are compared with it)")
         return None, []
+    if args.gates_every < 1:
+        raise ReportError(f"--gates-every {args.gates_every} is not allowed: give a whole number from 1")
     if not args.reference.is_file():
         raise ReportError(f"--reference {args.reference} is not allowed: no such file (give a reference curve's CSV)")
     from qtrain.report.figure_style import by_config
@@ -257,10 +261,10 @@ def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Refe
                  summary.round(3), "")]
     if not shares.empty:
         sections.append((f"Against the reference {reference.name}: each gated block's most chosen option", shares, ""))
-    gates = gates_table(runs, reference)
+    gates = gates_table(runs, reference, args.gates_every)
     if not gates.empty:
         sections.append((f"Against the reference {reference.name}: each run's gates per epoch", gates.round(3), ""))
-    floor = noise_floor_table(runs, reference)
+    floor = noise_floor_table(runs, reference, args.gates_every)
     if not floor.empty:
         sections.append((f"Against the reference {reference.name}: the gate target's noise floor (the reference "
                          "against its previous epoch, the runs against each other)", floor, ""))

@@ -242,8 +242,9 @@ class _GateEpoch:
     stages: pd.Series
 
 
-def _gate_epochs(runs: list[Run], reference: Reference) -> list[_GateEpoch]:
-    """Each epoch that the reference's gates file and at least one run have shares for, in order."""
+def _gate_epochs(runs: list[Run], reference: Reference, every: int = 1) -> list[_GateEpoch]:
+    """Each epoch that the reference's gates file and at least one run have shares for, in order: of those, the
+    multiples of ``every`` and the last."""
     if reference.shares is None:
         return []
     epochs = []
@@ -260,20 +261,20 @@ def _gate_epochs(runs: list[Run], reference: Reference) -> list[_GateEpoch]:
                                  [(run, ours.reindex(index=blocks, columns=options, fill_value=0.0), of)
                                   for run, ours, of, _ in found],
                                  found[0][3].loc[blocks]))  # the runs are one configuration: one set of blocks
-    return epochs
+    return [gates for gates in epochs if gates.epoch % every == 0 or gates is epochs[-1]]
 
 
 def _run_label(run: Run) -> str:
     return f"seed {run.seed}" if run.seed is not None else run.dir.name
 
 
-def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
-    """Per epoch both have gate shares for, each run's gates summed up beside the reference's, over the blocks that
-    the reference and every run have: the share of the samples that skip each stage's blocks (mean over its blocks)
-    and each option's share over every block's samples, the blocks that run for under 0.1 % of the samples; for
-    the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
+def gates_table(runs: list[Run], reference: Reference, every: int = 1) -> pd.DataFrame:
+    """Per epoch both have gate shares for (every ``every``-th and the last), each run's gates summed up beside the
+    reference's, over the blocks that the reference and every run have: the share of the samples that skip each
+    stage's blocks (mean over its blocks) and each option's share over every block's samples, the blocks that run
+    for under 0.1 % of the samples; for the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
     rows = []
-    for gates in _gate_epochs(runs, reference):
+    for gates in _gate_epochs(runs, reference, every):
         blocks = gates.reference.index
         for run, shares, of in [(None, gates.reference, "")] + gates.runs:
             row = {"epoch": gates.epoch, "run": "reference" if run is None else _run_label(run), "of": of}
@@ -288,12 +289,12 @@ def gates_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def noise_floor_table(runs: list[Run], reference: Reference) -> pd.DataFrame:
+def noise_floor_table(runs: list[Run], reference: Reference, every: int = 1) -> pd.DataFrame:
     """The gate target's noise floor, per epoch of :func:`gates_table`: the reference's gates against its own at the
     epoch before, and each pair of runs' against each other, counted as :func:`_agreement` counts, over the blocks
     that table counts (and, for the reference, its file has at both epochs)."""
     rows = []
-    for gates in _gate_epochs(runs, reference):
+    for gates in _gate_epochs(runs, reference, every):
         pairs = [(f"its epoch {gates.epoch - 1}", _reference_blocks(reference, gates.epoch - 1),
                   "the reference", gates.reference)]
         pairs += [(_run_label(first), theirs, _run_label(second), ours)
