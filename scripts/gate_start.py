@@ -38,14 +38,13 @@ def option_names(method: DFQ) -> list[str]:
     return ["skip"] * method.has_skip + [f"FW{fw}/BW{bw}" for fw, bw in method.run_options]
 
 
-def _logit_drift(gates: list[torch.Tensor], probs: list[torch.Tensor], a: int, b: int) -> float:
-    """Descent's move of logit ``b`` against logit ``a``, summed over blocks and samples, from the gates' gradients:
-    with ``G = dL/dg = dL/dp``, ``dL/dz_j = p_j (G_j - sum_k p_k G_k)``."""
+def logit_drift(grads: list[torch.Tensor], probs: list[torch.Tensor], a: int, b: int) -> float:
+    """Descent's move of logit ``b`` against logit ``a``, summed over blocks and samples, from the gradients ``grads``
+    at the straight-through gates: with ``G = dL/dg = dL/dp``, ``dL/dz_j = p_j (G_j - sum_k p_k G_k)``."""
     drift = 0.0
-    for g, p in zip(gates, probs):
-        dz = p * (g.grad - (p * g.grad).sum(1, keepdim=True))
+    for g, p in zip(grads, probs):
+        dz = p * (g - (p * g).sum(1, keepdim=True))
         drift += (dz[:, a] - dz[:, b]).sum().item()
-        g.grad = None
     return drift
 
 
@@ -85,9 +84,11 @@ def first_step(overrides: list[str], seed: int, pair: tuple[str, str] | None = N
         for g in gates:
             g.retain_grad()
         task_loss.backward(retain_graph=True)
-        row["task drift"] = _logit_drift(gates, probs, a, b)
+        row["task drift"] = logit_drift([g.grad for g in gates], probs, a, b)
+        for g in gates:
+            g.grad = None
         cost_term.backward()
-        row["cost drift"] = _logit_drift(gates, probs, a, b)
+        row["cost drift"] = logit_drift([g.grad for g in gates], probs, a, b)
     return row
 
 

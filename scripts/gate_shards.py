@@ -1,0 +1,139 @@
+"""How a data-parallel split of the batch moves a gated run's gates: the task's pull on them, stage by stage, with
+each training batch whole and cut into shards.
+
+    python scripts/gate_shards.py RUN_DIR [--shards 1 4] [--batches 4] [--pair skip FW4/BW6] [--pair FW4/BW6 FW6/BW8]
+        [--data-root DATA]
+
+FracTrain's logged runs wrap the model in ``DataParallel``: each of N replicas takes its batch norms' statistics and
+its quantization ranges over its 128/N samples (docs/methods/dfq.md, departures), where a qtrain run on one process
+takes them over the whole batch. This loads the checkpoint of RUN_DIR (a DFQ or FracTrain run, in progress or done),
+and for each of the first ``--batches`` training batches of the epoch after it, runs the task loss's forward and
+backward (no cost term, no update) in training mode, once for each ``--shards`` count: the batch cut into that many
+equal shards, each from the weights and buffers the checkpoint holds (as each replica starts from the model's),
+its loss weighted by its share of the batch. Per shard count and stage it prints each option's share of the block
+runs the gates chose and, for each ``--pair A B``, how the task's gradient moves B's logit against A's (descent,
+per sample and block, mean over the batches; positive: toward B), as scripts/gate_start.py measures a first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from gate_start import logit_drift, option_names
+from omegaconf import DictConfig, OmegaConf
+
+from qtrain.config import with_keys_added_since
+from qtrain.data import load_data
+from qtrain.errors import ConfigError
+from qtrain.methods import build_method
+from qtrain.methods.dfq import DFQ
+from qtrain.models import build_model
+from qtrain.quant.rounding import set_fused
+from qtrain.results import CHECKPOINT, HYDRA_DIR, load_state
+
+DEFAULT_PAIRS = (("skip", "FW4/BW6"), ("FW4/BW6", "FW6/BW8"))
+
+
+def _pass(model: torch.nn.Module, method: DFQ, images: torch.Tensor, labels: torch.Tensor, loss_fn, shards: int,
+          buffers: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Each block's hard gates, probabilities and the task loss's gradient at the gates over the whole batch, its
+    shards run one after another from the same ``buffers``, each shard's loss weighted by its share."""
+    found: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+    for x, y in zip(images.chunk(shards), labels.chunk(shards)):
+        model.load_state_dict(buffers, strict=False)
+        loss = loss_fn(model(x), y) * (len(y) / len(labels))
+        gates = [block.gates for block in method.blocks]
+        for g in gates:
+            g.retain_grad()
+        loss.backward()
+        found.append([(g.detach(), block.probs.detach(), g.grad) for g, block in zip(gates, method.blocks)])
+        model.zero_grad(set_to_none=True)
+    model.load_state_dict(buffers, strict=False)
+    return [[torch.cat([shard[b][k] for shard in found]) for b in range(len(method.blocks))] for k in range(3)]
+
+
+def load_run(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, DFQ, torch.nn.Module, Any, dict]:
+    """A gated run's config, method and model at its checkpoint, its data, and the checkpoint."""
+    config_file = run_dir / HYDRA_DIR / "config.yaml"
+    if not (run_dir / CHECKPOINT).is_file() or not config_file.is_file():
+        raise ConfigError(f"{run_dir} is not allowed: give a run directory with {CHECKPOINT} and {HYDRA_DIR}/config.yaml")
+    cfg = OmegaConf.create(with_keys_added_since(OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)))
+    if data_root is not None:
+        cfg.data.root = data_root
+    method = build_method(cfg.method)
+    if not isinstance(method, DFQ):
+        raise ConfigError(f"{run_dir} is not allowed: its method {cfg.method.name} has no gates (dfq or fractrain)")
+    set_fused(cfg.fused)
+    data = load_data(cfg.data)
+    model = method.prepare(build_model(cfg.model.name, cfg.model, **data.model_inputs()))
+    state = load_state(run_dir / CHECKPOINT)
+    method.load_state_dict(state["method"])
+    model.load_state_dict(state["model"])
+    return cfg, method, model, data, state
+
+
+def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, str]], batches: int,
+               data_root: str | None = None) -> pd.DataFrame:
+    """One row per shard count and stage: the options' shares of the block runs and each pair's drift."""
+    cfg, method, model, data, state = load_run(run_dir, data_root)
+    names = option_names(method)
+    for pair in pairs:
+        if not set(pair) <= set(names):
+            raise ConfigError(f"--pair {' '.join(pair)} is not allowed: both must be options of the run ({', '.join(names)})")
+    shard_counts = list(dict.fromkeys(shard_counts))
+    bad = [n for n in shard_counts if n < 1 or cfg.train.batch_size % n]
+    if bad:
+        raise ConfigError(f"--shards {bad[0]} is not allowed: give divisors of the batch size {cfg.train.batch_size}")
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    train_batches, _ = data.streams(cfg, torch.device("cpu"), 0, 1)
+    stages = [layers[0][0].split(".")[0] for layers in method.block_layers]
+    totals: dict[tuple[int, str], dict[str, float]] = {}
+    model.train()
+    for i, (images, labels) in enumerate(train_batches.epoch(state["progress"]["epoch"])):
+        if i == batches:
+            break
+        for shards in shard_counts:
+            torch.manual_seed(cfg.seed + i)  # the same stochastic-rounding stream for every shard count
+            gates, probs, grads = _pass(model, method, images, labels, data.task.loss, shards, buffers)
+            for stage in dict.fromkeys(stages):
+                mine = [b for b, s in enumerate(stages) if s == stage]
+                row = totals.setdefault((shards, stage), {})
+                chosen = torch.cat([gates[b] for b in mine]).mean(0).tolist()
+                for name, share in zip(names, chosen):
+                    row[f"choice {name}"] = row.get(f"choice {name}", 0.0) + share / batches
+                for first, second in pairs:
+                    drift = logit_drift([grads[k] for k in mine], [probs[k] for k in mine], names.index(first),
+                                        names.index(second))
+                    key = f"{second} against {first}"
+                    row[key] = row.get(key, 0.0) + drift / (len(labels) * len(mine) * batches)
+    return pd.DataFrame([{"shards": n, "stage": s, **row} for (n, s), row in totals.items()])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a DFQ or FracTrain run directory with its checkpoint")
+    parser.add_argument("--shards", nargs="+", type=int, default=[1, 4], help="shard counts (default 1 4)")
+    parser.add_argument("--batches", type=int, default=4, help="training batches to average over (default 4)")
+    parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
+                        help="options as printed (skip, FW4/BW6): how the task moves B's logit against A's "
+                             "(repeatable; default skip FW4/BW6 and FW4/BW6 FW6/BW8)")
+    parser.add_argument("--data-root", help="where the data is now, if not at the run's data.root")
+    args = parser.parse_args(argv)
+    if args.batches < 1:
+        parser.error(f"--batches {args.batches} is not allowed: give a whole number from 1")
+    try:
+        table = shard_pull(args.run, args.shards, [tuple(p) for p in args.pair or DEFAULT_PAIRS], args.batches,
+                           args.data_root)
+    except ConfigError as err:
+        parser.exit(2, f"gate_shards.py: error: {err}\n")
+    shares = [c for c in table if c.startswith("choice ")]
+    table[shares] *= 100
+    print(table.to_markdown(index=False, floatfmt=".3g"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""scripts/gate_shards.py: a gated run's checkpoint, its training batches whole and in shards, the gates' choices
+and the task's pull on them per stage."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qtrain.errors import ConfigError
+from qtrain.run import run
+from tests.conftest import TINY, make_config, once
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # as running it from scripts/ does: it imports gate_start beside it
+spec = importlib.util.spec_from_file_location("gate_shards", SCRIPTS / "gate_shards.py")
+gate_shards = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gate_shards)
+
+OVERRIDES = once(*TINY, "method=dfq", "method.execution=mix_all", "train.epochs=1")
+
+
+@pytest.fixture(scope="module")
+def gated_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("dfq")
+    run(make_config(*OVERRIDES), run_dir)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_batch_in_shards_is_its_shards_run_alone_each_weighted_by_its_share(gated_run):
+    _, method, model, data, state = gate_shards.load_run(gated_run)
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    model.train()
+    images, labels = torch.randn(8, 3, 8, 8), torch.arange(8) % data.num_classes
+    torch.manual_seed(0)
+    whole = gate_shards._pass(model, method, images, labels, data.task.loss, 2, buffers)
+    torch.manual_seed(0)  # the first shard alone draws its stochastic rounding as the first of two does
+    alone = gate_shards._pass(model, method, images[:4], labels[:4], data.task.loss, 1, buffers)
+    for b in range(len(method.blocks)):
+        assert torch.equal(whole[0][b][:4], alone[0][b])  # the hard choices
+        assert torch.equal(whole[1][b][:4], alone[1][b])  # the probabilities
+        assert torch.allclose(whole[2][b][:4], alone[2][b] / 2, atol=1e-7)  # the gradient, at half the weight
+    # the buffers (batch norms' and ranges' running values) are the checkpoint's again after the passes
+    assert all(torch.equal(value, buffers[name]) for name, value in model.named_buffers())
+    assert whole[2][0].abs().sum() > 0  # the task reaches the first gate
+
+
+@pytest.mark.slow
+def test_the_table_per_shard_count_and_stage(gated_run):
+    table = gate_shards.shard_pull(gated_run, [1, 1, 2], list(gate_shards.DEFAULT_PAIRS), 2)
+    assert table.shards.tolist() == [1] * 3 + [2] * 3  # 1 given twice is one count
+    assert table.stage.tolist() == ["layer1", "layer2", "layer3"] * 2
+    assert table.equals(gate_shards.shard_pull(gated_run, [1, 2], list(gate_shards.DEFAULT_PAIRS), 2))  # again alike
+    choices = [c for c in table if c.startswith("choice ")]
+    assert choices == [f"choice {n}" for n in ("skip", "FW2/BW6", "FW3/BW6", "FW4/BW6", "FW4/BW12", "FW6/BW8",
+                                                   "FW6/BW12")]
+    assert table[choices].sum(axis=1).tolist() == pytest.approx([1.0] * 6)
+    drifts = ["FW4/BW6 against skip", "FW6/BW8 against FW4/BW6"]
+    one, two = (table[table.shards == n].set_index("stage")[drifts] for n in (1, 2))
+    assert (one != 0).all().all()
+    assert not one.equals(two)  # the shards' own batch statistics move the pull
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"shard_counts": [3]}, "--shards 3 is not allowed: give divisors of the batch size 64"),
+    ({"pairs": [("skip", "FW5/BW5")]}, "--pair skip FW5/BW5 is not allowed: both must be options of the run"),
+])
+@pytest.mark.slow
+def test_bad_input_is_refused_before_any_pass(gated_run, args, message):
+    kwargs = {"shard_counts": [1], "pairs": list(gate_shards.DEFAULT_PAIRS), "batches": 1, **args}
+    with pytest.raises(ConfigError, match=message):
+        gate_shards.shard_pull(gated_run, **kwargs)
+
+
+def test_a_folder_without_a_run_or_gates_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="give a run directory with checkpoint.pt"):
+        gate_shards.load_run(tmp_path)
