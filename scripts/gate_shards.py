@@ -2,7 +2,7 @@
 each training batch whole and cut into shards.
 
     python scripts/gate_shards.py RUN_DIR [--shards 1 4] [--batches 4] [--pair skip FW4/BW6] [--pair FW4/BW6 FW6/BW8]
-        [--data-root DATA]
+        [--data-root DATA] [--seed S]
 
 FracTrain's logged runs wrap the model in ``DataParallel``: each of N replicas takes its batch norms' statistics and
 its quantization ranges over its 128/N samples (docs/methods/dfq.md, departures), where a qtrain run on one process
@@ -13,6 +13,8 @@ equal shards, each from the weights and buffers the checkpoint holds (as each re
 its loss weighted by its share of the batch. Per shard count and stage it prints each option's share of the block
 runs the gates chose and, for each ``--pair A B``, how the task's gradient moves B's logit against A's (descent,
 per sample and block, mean over the batches; positive: toward B), as scripts/gate_start.py measures a first step.
+Each pass starts the stochastic rounding draws from the same seed, but shards of other sizes draw them in another
+order: the spread that alone gives, ``--shards 1`` under another ``--seed``, is the floor a shards' effect must pass.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from qtrain.config import with_keys_added_since
 from qtrain.data import load_data
+from qtrain.data.base import Periods
 from qtrain.errors import ConfigError
 from qtrain.methods import build_method
 from qtrain.methods.dfq import DFQ
@@ -38,13 +41,21 @@ from qtrain.results import CHECKPOINT, HYDRA_DIR, load_state
 DEFAULT_PAIRS = (("skip", "FW4/BW6"), ("FW4/BW6", "FW6/BW8"))
 
 
+def _restore(model: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Every buffer of ``model`` (batch norms' and ranges' running values) back to its value in ``buffers``."""
+    with torch.no_grad():
+        for name, value in model.named_buffers():
+            value.copy_(buffers[name])
+
+
 def _pass(model: torch.nn.Module, method: DFQ, images: torch.Tensor, labels: torch.Tensor, loss_fn, shards: int,
-          buffers: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Each block's hard gates, probabilities and the task loss's gradient at the gates over the whole batch, its
-    shards run one after another from the same ``buffers``, each shard's loss weighted by its share."""
+          buffers: dict[str, torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Each block's hard gates, probabilities and the task loss's gradient at the gates over the whole batch (three
+    lists of one tensor a block), its shards run one after another from the same ``buffers``, each shard's loss
+    weighted by its share."""
     found: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
     for x, y in zip(images.chunk(shards), labels.chunk(shards)):
-        model.load_state_dict(buffers, strict=False)
+        _restore(model, buffers)
         loss = loss_fn(model(x), y) * (len(y) / len(labels))
         gates = [block.gates for block in method.blocks]
         for g in gates:
@@ -52,7 +63,7 @@ def _pass(model: torch.nn.Module, method: DFQ, images: torch.Tensor, labels: tor
         loss.backward()
         found.append([(g.detach(), block.probs.detach(), g.grad) for g, block in zip(gates, method.blocks)])
         model.zero_grad(set_to_none=True)
-    model.load_state_dict(buffers, strict=False)
+    _restore(model, buffers)
     return [[torch.cat([shard[b][k] for shard in found]) for b in range(len(method.blocks))] for k in range(3)]
 
 
@@ -76,11 +87,16 @@ def load_run(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, D
     return cfg, method, model, data, state
 
 
-def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, str]], batches: int,
-               data_root: str | None = None) -> pd.DataFrame:
-    """One row per shard count and stage: the options' shares of the block runs and each pair's drift."""
+def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, str]] | None, batches: int,
+               data_root: str | None = None, seed: int | None = None) -> pd.DataFrame:
+    """One row per shard count and stage: the options' shares of the block runs and each pair's drift (``pairs``
+    None: those of :data:`DEFAULT_PAIRS` the run has); ``seed`` (default: the run's) keys the rounding draws."""
     cfg, method, model, data, state = load_run(run_dir, data_root)
     names = option_names(method)
+    if pairs is None:
+        pairs = [pair for pair in DEFAULT_PAIRS if set(pair) <= set(names)]
+        if not pairs:
+            raise ConfigError(f"{run_dir} has none of the default pairs' options: give --pair A B from {', '.join(names)}")
     for pair in pairs:
         if not set(pair) <= set(names):
             raise ConfigError(f"--pair {' '.join(pair)} is not allowed: both must be options of the run ({', '.join(names)})")
@@ -90,27 +106,32 @@ def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, st
         raise ConfigError(f"--shards {bad[0]} is not allowed: give divisors of the batch size {cfg.train.batch_size}")
     buffers = {name: value.clone() for name, value in model.named_buffers()}
     train_batches, _ = data.streams(cfg, torch.device("cpu"), 0, 1)
+    if cfg.train.batches_per_epoch is not None:  # the run's epochs, as qtrain.run cuts them
+        train_batches = Periods(train_batches, cfg.train.batches_per_epoch)
     stages = [layers[0][0].split(".")[0] for layers in method.block_layers]
     totals: dict[tuple[int, str], dict[str, float]] = {}
     model.train()
+    read = 0
     for i, (images, labels) in enumerate(train_batches.epoch(state["progress"]["epoch"])):
         if i == batches:
             break
+        read += 1
         for shards in shard_counts:
-            torch.manual_seed(cfg.seed + i)  # the same stochastic-rounding stream for every shard count
+            torch.manual_seed((cfg.seed if seed is None else seed) + i)  # the rounding draws start alike each pass
             gates, probs, grads = _pass(model, method, images, labels, data.task.loss, shards, buffers)
             for stage in dict.fromkeys(stages):
                 mine = [b for b, s in enumerate(stages) if s == stage]
                 row = totals.setdefault((shards, stage), {})
                 chosen = torch.cat([gates[b] for b in mine]).mean(0).tolist()
                 for name, share in zip(names, chosen):
-                    row[f"choice {name}"] = row.get(f"choice {name}", 0.0) + share / batches
+                    row[f"choice {name}"] = row.get(f"choice {name}", 0.0) + share
                 for first, second in pairs:
                     drift = logit_drift([grads[k] for k in mine], [probs[k] for k in mine], names.index(first),
                                         names.index(second))
                     key = f"{second} against {first}"
-                    row[key] = row.get(key, 0.0) + drift / (len(labels) * len(mine) * batches)
-    return pd.DataFrame([{"shards": n, "stage": s, **row} for (n, s), row in totals.items()])
+                    row[key] = row.get(key, 0.0) + drift / (len(labels) * len(mine))
+    return pd.DataFrame([{"shards": n, "stage": s, **{k: v / read for k, v in row.items()}}
+                         for (n, s), row in totals.items()])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,14 +141,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, default=4, help="training batches to average over (default 4)")
     parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
                         help="options as printed (skip, FW4/BW6): how the task moves B's logit against A's "
-                             "(repeatable; default skip FW4/BW6 and FW4/BW6 FW6/BW8)")
+                             "(repeatable; default: skip FW4/BW6 and FW4/BW6 FW6/BW8, those the run has)")
     parser.add_argument("--data-root", help="where the data is now, if not at the run's data.root")
+    parser.add_argument("--seed", type=int, help="the stochastic rounding draws' seed (default: the run's; another "
+                        "seed with --shards 1 gives the draws' own spread)")
     args = parser.parse_args(argv)
     if args.batches < 1:
         parser.error(f"--batches {args.batches} is not allowed: give a whole number from 1")
     try:
-        table = shard_pull(args.run, args.shards, [tuple(p) for p in args.pair or DEFAULT_PAIRS], args.batches,
-                           args.data_root)
+        table = shard_pull(args.run, args.shards, [tuple(p) for p in args.pair] if args.pair else None, args.batches,
+                           args.data_root, args.seed)
     except ConfigError as err:
         parser.exit(2, f"gate_shards.py: error: {err}\n")
     shares = [c for c in table if c.startswith("choice ")]

@@ -57,13 +57,19 @@ def _traced_run(overrides, run_dir, stop_after=None):
     """Run with every epoch's metrics, precision record and meter recorded, what this rank charged itself, and (DFQ)
     what its gates counted each epoch before and after the sum over ranks."""
     trace, charged, gate_counts = [], [0.0], []
-    fit, take = Trainer.fit, DFQ._take_gate_counts
+    fit, end_epoch, sum_ = Trainer.fit, DFQ.end_epoch, distributed.sum_
 
-    def traced_take(self, counted):
-        local = torch.stack([torch.stack([getattr(b, name).double().clone() for b in self.blocks]) for name in counted])
-        summed = take(self, counted)
-        gate_counts.append((local, summed.clone()))
-        return summed
+    def traced_end_epoch(self, epoch, metrics):
+        local = torch.stack([torch.stack([torch.zeros(self.num_options, dtype=torch.float64) if getattr(b, name) is None
+                                          else getattr(b, name).double().clone() for b in self.blocks])
+                             for name in ("train_probs", "eval_choices")])
+        sums = []
+        distributed.sum_ = lambda tensor: sums.append(sum_(tensor)) or sums[-1]
+        try:
+            end_epoch(self, epoch, metrics)
+        finally:
+            distributed.sum_ = sum_
+        gate_counts.append((local, sums))
 
     def traced_fit(self, on_epoch_end):
         meter_add = self.meter.add
@@ -84,11 +90,11 @@ def _traced_run(overrides, run_dir, stop_after=None):
                 raise Stop
         return fit(self, record)
 
-    Trainer.fit, DFQ._take_gate_counts = traced_fit, traced_take
+    Trainer.fit, DFQ.end_epoch = traced_fit, traced_end_epoch
     try:
         summary = run(make_config(*overrides), run_dir)
     finally:
-        Trainer.fit, DFQ._take_gate_counts = fit, take
+        Trainer.fit, DFQ.end_epoch = fit, end_epoch
     return {"trace": trace, "charged": charged[0], "summary": summary, "gate_counts": gate_counts}
 
 
@@ -167,9 +173,11 @@ def test_cost_counts_every_sample_once(two_ranks, method):
 def test_the_gates_records_count_both_ranks_samples(two_ranks):
     root, (zero, one) = two_ranks
     counts = [rank["dfq"]["gate_counts"] for rank in (zero, one)]
-    assert len(counts[0]) == len(counts[1]) == 2  # one sum an epoch, both events in it
+    assert len(counts[0]) == len(counts[1]) == 2  # two epochs
     precision = pd.read_csv(root / "dfq" / "precision.csv")
-    for epoch, ((local0, summed0), (local1, summed1)) in enumerate(zip(*counts), start=1):
+    for epoch, ((local0, sums0), (local1, sums1)) in enumerate(zip(*counts), start=1):
+        assert len(sums0) == len(sums1) == 1  # one all-reduce an epoch, both events in it
+        summed0, summed1 = sums0[0], sums1[0]
         assert torch.equal(summed0, local0 + local1) and torch.equal(summed1, summed0)
         assert not torch.equal(local0, local1)  # the ranks' own samples: a sum of one rank's twice would differ
         for event, sums in zip(("gates_probability", "gates_eval"), summed0):

@@ -36,12 +36,14 @@ def test_a_batch_in_shards_is_its_shards_run_alone_each_weighted_by_its_share(ga
     images, labels = torch.randn(8, 3, 8, 8), torch.arange(8) % data.num_classes
     torch.manual_seed(0)
     whole = gate_shards._pass(model, method, images, labels, data.task.loss, 2, buffers)
-    torch.manual_seed(0)  # the first shard alone draws its stochastic rounding as the first of two does
-    alone = gate_shards._pass(model, method, images[:4], labels[:4], data.task.loss, 1, buffers)
+    torch.manual_seed(0)  # each shard alone, in turn, draws its stochastic rounding as it does among the two
+    alone = [gate_shards._pass(model, method, images[part], labels[part], data.task.loss, 1, buffers)
+             for part in (slice(0, 4), slice(4, 8))]
     for b in range(len(method.blocks)):
-        assert torch.equal(whole[0][b][:4], alone[0][b])  # the hard choices
-        assert torch.equal(whole[1][b][:4], alone[1][b])  # the probabilities
-        assert torch.allclose(whole[2][b][:4], alone[2][b] / 2, atol=1e-7)  # the gradient, at half the weight
+        for part, shard in zip((slice(0, 4), slice(4, 8)), alone):
+            assert torch.equal(whole[0][b][part], shard[0][b])  # the hard choices
+            assert torch.equal(whole[1][b][part], shard[1][b])  # the probabilities
+            assert torch.allclose(whole[2][b][part], shard[2][b] / 2, atol=1e-7)  # the gradient, at half the weight
     # the buffers (batch norms' and ranges' running values) are the checkpoint's again after the passes
     assert all(torch.equal(value, buffers[name]) for name, value in model.named_buffers())
     assert whole[2][0].abs().sum() > 0  # the task reaches the first gate
@@ -74,6 +76,22 @@ def test_bad_input_is_refused_before_any_pass(gated_run, args, message):
         gate_shards.shard_pull(gated_run, **kwargs)
 
 
-def test_a_folder_without_a_run_or_gates_is_refused(tmp_path):
+@pytest.mark.slow
+def test_the_default_pairs_are_those_the_runs_options_have(tmp_path):
+    no_skip = tmp_path / "no_skip"
+    run(make_config(*OVERRIDES, "model.dfq_options=[[4,6],[6,8]]", "train.batches_per_epoch=1"), no_skip)
+    table = gate_shards.shard_pull(no_skip, [1], None, 1)
+    assert [c for c in table if " against " in c] == ["FW6/BW8 against FW4/BW6"]
+    bare = tmp_path / "bare"
+    run(make_config(*OVERRIDES, "model.dfq_options=[[3,6],[8,8]]", "train.batches_per_epoch=1"), bare)
+    with pytest.raises(ConfigError, match="none of the default pairs' options: give --pair A B from FW3/BW6, FW8/BW8"):
+        gate_shards.shard_pull(bare, [1], None, 1)
+    sbm = tmp_path / "sbm"
+    run(make_config(*TINY, "method=sbm", "train.epochs=1", "train.batches_per_epoch=1"), sbm)
+    with pytest.raises(ConfigError, match="its method sbm has no gates"):
+        gate_shards.load_run(sbm)
+
+
+def test_a_folder_without_a_run_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="give a run directory with checkpoint.pt"):
         gate_shards.load_run(tmp_path)

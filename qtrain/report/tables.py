@@ -100,7 +100,7 @@ def _config_text(run: Run, varying: list[str]) -> str:
     """The run's ``varying`` keys and those a run made before the key existed lacks (:data:`OMITTED_AT`'s outside
     the method, and ``world_size``, which a run on one process lacks) where it holds them: ``flat_config`` holds
     those only at another value than such a run had, so a run alone in its report still names them."""
-    added = [k for k in run.flat_config if k == "world_size" or k in OMITTED_AT and not k.startswith("method.")]
+    added = [k for k in run.flat_config if k == "world_size" or (k in OMITTED_AT and not k.startswith("method."))]
     keys = sorted({*varying, *added})
     return " ".join(f"{k}={_text(run.get(k))}" for k in keys if run.get(k) is not None and _reads(run, k))
 
