@@ -30,7 +30,7 @@ def gated_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_batch_in_shards_is_its_shards_run_alone_each_weighted_by_its_share(gated_run):
-    _, method, model, data, state = gate_shards.load_run(gated_run)
+    _, method, model, data, _ = gate_shards.load_run(gated_run)
     buffers = {name: value.clone() for name, value in model.named_buffers()}
     model.train()
     images, labels = torch.randn(8, 3, 8, 8), torch.arange(8) % data.num_classes
