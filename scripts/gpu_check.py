@@ -161,8 +161,23 @@ def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str
         ok = ok and precision_equal
         how += "; cost and precision record equal" + ("" if precision_equal else " (they differ)")
     else:
-        how += f"; precision decisions read values: record {'equal' if precision_equal else 'differs (reported only)'}"
+        record = "equal" if precision_equal else probabilities_apart(precision_a, precision_b) if cost_a == cost_b else None
+        how += f"; precision decisions read values: record {record or 'differs (reported only)'}"
     return ok, f"{facts}; {how}"
+
+
+def probabilities_apart(a: pd.DataFrame, b: pd.DataFrame) -> str | None:
+    """Where two precision records differ only in the gates' mean probabilities (``gates_probability`` rows' shares,
+    float sums that the devices round apart), how far apart those lie; else None."""
+    if "event" not in a or "event" not in b or len(a) != len(b):
+        return None
+    probable = a.event.eq("gates_probability").to_numpy()
+    if not probable.any() or not probable.tolist() == b.event.eq("gates_probability").tolist():
+        return None
+    a, b = a.reset_index(drop=True), b.reset_index(drop=True)
+    if not a.drop(columns="share").equals(b.drop(columns="share")) or not a.share[~probable].equals(b.share[~probable]):
+        return None
+    return f"equal but the gates' mean probabilities (apart by up to {(a.share - b.share).abs().max():.2g})"
 
 
 def run_tests(device: str) -> tuple[bool, str, str]:

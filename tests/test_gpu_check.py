@@ -54,6 +54,21 @@ def test_the_comparison_holds_each_side_to_its_rule():
     assert ok and "differs (reported only)" in detail
 
 
+def test_a_gated_runs_record_apart_only_in_the_gates_probabilities_says_so():
+    def gated(shares, chosen=0.75):
+        return pd.DataFrame({"epoch": [1, 1, 1], "layer": ["b.conv1"] * 3, "share": [chosen, *shares],
+                             "event": ["epoch", "gates_probability", "gates_probability"]})
+
+    base = {**_result([1.0, 0.5]), "precision": gated([0.6, 0.4])}
+    apart = {**_result([1.0, 0.5]), "precision": gated([0.6 + 3e-7, 0.4 - 3e-7])}
+    ok, detail = gpu_check.compare("dfq", apart, base, same_device=False)
+    assert ok and "record equal but the gates' mean probabilities (apart by up to 3e-07)" in detail
+    for other in (gated([0.6, 0.4], chosen=0.5), gated([0.6, 0.4]).assign(layer="c.conv1")):  # a choice, a layer
+        ok, detail = gpu_check.compare("dfq", {**_result([1.0, 0.5]), "precision": other}, base, same_device=False)
+        assert ok and "record differs (reported only)" in detail
+    assert "record equal;" in gpu_check.compare("dfq", base, base, same_device=False)[1] + ";"
+
+
 def test_without_cuda_it_says_so_in_one_line_and_exits_2(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_check.main(["--out", str(tmp_path / "t.md")]) == 2
