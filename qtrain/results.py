@@ -193,6 +193,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def recorded_config(run_dir: Path, summary: dict[str, Any]) -> Any:
+    """The config a run recorded: its ``summary``'s, else its ``.hydra/config.yaml`` with interpolations resolved
+    (YAML and OmegaConf raise assorted errors on a damaged file); None where it has neither."""
+    if "config" in summary:
+        return summary["config"]
+    path = run_dir / HYDRA_DIR / "config.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf  # here, not above: as torch in load_state
+
+    import qtrain.config  # noqa: F401 - registers the resolvers a run's .hydra/config.yaml may hold
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
 def load_summary(path: Path) -> dict[str, Any] | None:
     """The ``summary.json`` at ``path`` (None where there is none); ValueError saying why where it is unusable."""
     if not path.is_file():

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from qtrain import distributed
 from qtrain.checkpoint import Checkpoint, rng_state
-from qtrain.config import identity, recorded, validate
+from qtrain.config import identity, recorded, validate, with_keys_added_since
 from qtrain.cost import CostMeter, float32_layers_of, float32_share, gemm_layers
 from qtrain.data import DATASETS, load_data
 from qtrain.data.base import Periods, Stream
@@ -30,7 +30,18 @@ from qtrain.models import build_model, model_task
 from qtrain.optim import build_optimizer, build_scheduler, build_step_schedule
 from qtrain.precision import precision_rows
 from qtrain.quant.rounding import set_fused
-from qtrain.results import COST, METRICS, PRECISION, RunFiles, check_writable
+from qtrain.results import (
+    CHECKPOINT,
+    COST,
+    METRICS,
+    PRECISION,
+    SUMMARY,
+    RunFiles,
+    check_writable,
+    load_state,
+    load_summary,
+    recorded_config,
+)
 from qtrain.run_state import decide
 from qtrain.summary import data_sizes, summarize
 from qtrain.task import Task
@@ -76,6 +87,25 @@ def initial_weights(run_dir: str) -> dict[str, torch.Tensor]:
     if checkpoint is None:
         raise ConfigError(f"train.init_from={run_dir} is not allowed: its run has no checkpoint to start from")
     return checkpoint["model"]
+
+
+def at_checkpoint(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, Any, Method, nn.Module, dict]:
+    """A run's recorded config (with the keys added since it ran), its data (from ``data_root`` where given), and its
+    method and model as its checkpoint left them, with the checkpoint: for the scripts that read a run's state."""
+    config = recorded_config(run_dir, load_summary(run_dir / SUMMARY) or {})
+    if config is None or not (run_dir / CHECKPOINT).is_file():
+        raise ConfigError(f"{run_dir} is not allowed: give a run directory with {CHECKPOINT} and its config")
+    cfg = OmegaConf.create(with_keys_added_since(config))
+    if data_root is not None:
+        cfg.data.root = data_root
+    set_fused(cfg.fused)  # the kernels the run trained with
+    data = load_data(cfg.data)
+    method = build_method(cfg.method)
+    model = method.prepare(build_model(cfg.model.name, cfg.model, **data.model_inputs()))
+    state = load_state(run_dir / CHECKPOINT)
+    method.load_state_dict(state["method"])  # first: a method's stage may decide which quantizers the model holds
+    model.load_state_dict(state["model"])
+    return cfg, data, method, model, state
 
 
 @dataclass

@@ -17,15 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
-from qtrain.config import with_keys_added_since
-from qtrain.data import load_data
 from qtrain.data.batches import BatchStream
-from qtrain.methods import build_method
-from qtrain.models import build_model
-from qtrain.results import CHECKPOINT, SUMMARY, load_state, load_summary
+from qtrain.run import at_checkpoint
 from qtrain.task import Task
 
 
@@ -37,15 +32,7 @@ def accuracy(model: nn.Module, batches: BatchStream, task: Task) -> float:
 
 def evaluate(run_dir: Path, data_root: str | None = None) -> dict[str, object]:
     """``run_dir``'s row: its method, model and epochs, and its accuracy on its training and test images."""
-    cfg = OmegaConf.create(with_keys_added_since(load_summary(run_dir / SUMMARY)["config"]))
-    if data_root is not None:
-        cfg.data.root = data_root
-    data = load_data(cfg.data)
-    method = build_method(cfg.method)
-    model = method.prepare(build_model(cfg.model.name, cfg.model, **data.model_inputs()))
-    checkpoint = load_state(run_dir / CHECKPOINT)
-    method.load_state_dict(checkpoint["method"])
-    model.load_state_dict(checkpoint["model"])
+    cfg, data, _, model, _ = at_checkpoint(run_dir, data_root)
     model.eval()
     size = cfg.train.eval_batch_size
     train = BatchStream(data, data.train, size, cfg.seed, False)

@@ -26,17 +26,12 @@ from typing import Any
 import pandas as pd
 import torch
 from gate_start import logit_drift, option_names
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from qtrain.config import with_keys_added_since
-from qtrain.data import load_data
 from qtrain.data.base import Periods
 from qtrain.errors import ConfigError
-from qtrain.methods import build_method
 from qtrain.methods.dfq import DFQ
-from qtrain.models import build_model
-from qtrain.quant.rounding import set_fused
-from qtrain.results import CHECKPOINT, HYDRA_DIR, load_state
+from qtrain.run import at_checkpoint
 
 DEFAULT_PAIRS = (("skip", "FW4/BW6"), ("FW4/BW6", "FW6/BW8"))
 
@@ -69,21 +64,9 @@ def _pass(model: torch.nn.Module, method: DFQ, images: torch.Tensor, labels: tor
 
 def load_run(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, DFQ, torch.nn.Module, Any, dict]:
     """A gated run's config, method and model at its checkpoint, its data, and the checkpoint."""
-    config_file = run_dir / HYDRA_DIR / "config.yaml"
-    if not (run_dir / CHECKPOINT).is_file() or not config_file.is_file():
-        raise ConfigError(f"{run_dir} is not allowed: give a run directory with {CHECKPOINT} and {HYDRA_DIR}/config.yaml")
-    cfg = OmegaConf.create(with_keys_added_since(OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)))
-    if data_root is not None:
-        cfg.data.root = data_root
-    method = build_method(cfg.method)
+    cfg, data, method, model, state = at_checkpoint(run_dir, data_root)
     if not isinstance(method, DFQ):
         raise ConfigError(f"{run_dir} is not allowed: its method {cfg.method.name} has no gates (dfq or fractrain)")
-    set_fused(cfg.fused)
-    data = load_data(cfg.data)
-    model = method.prepare(build_model(cfg.model.name, cfg.model, **data.model_inputs()))
-    state = load_state(run_dir / CHECKPOINT)
-    method.load_state_dict(state["method"])
-    model.load_state_dict(state["model"])
     return cfg, method, model, data, state
 
 

@@ -14,12 +14,10 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from omegaconf import OmegaConf
 
-import qtrain.config  # noqa: F401 - registers the resolvers a run's .hydra/config.yaml may hold
 from qtrain.config import OMITTED_AT, digest, identity
 from qtrain.errors import QtrainError
-from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary, loss_explosion
+from qtrain.results import CHECKPOINT, HYDRA_DIR, LOCK, METRICS, PRECISION, SUMMARY, load_summary, loss_explosion, recorded_config
 
 MARKERS = (SUMMARY, CHECKPOINT, METRICS)
 
@@ -49,14 +47,11 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def _read_config(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    if "config" in summary:
-        config = summary["config"]
-    elif (run_dir / HYDRA_DIR / "config.yaml").is_file():
-        try:
-            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_DIR / "config.yaml"), resolve=True)
-        except Exception as err:  # noqa: BLE001 - YAML and OmegaConf raise assorted errors on a damaged file
-            raise _Damaged(f"{HYDRA_DIR}/config.yaml: {type(err).__name__}") from None
-    else:
+    try:
+        config = recorded_config(run_dir, summary)
+    except Exception as err:  # noqa: BLE001 - YAML and OmegaConf raise assorted errors on a damaged file
+        raise _Damaged(f"{HYDRA_DIR}/config.yaml: {type(err).__name__}") from None
+    if config is None:
         return {}
     if not isinstance(config, dict):
         raise _Damaged(f"its config is a {type(config).__name__}, not a mapping")
