@@ -13,6 +13,8 @@ equal shards, each from the weights and buffers the checkpoint holds (as each re
 its loss weighted by its share of the batch. Per shard count and stage it prints each option's share of the block
 runs the gates chose and, for each ``--pair A B``, how the task's gradient moves B's logit against A's (descent,
 per sample and block, mean over the batches; positive: toward B), as scripts/gate_start.py measures a first step.
+A pair with the skip counts only the blocks that may skip (under ``skip_downsample=never`` those that change the shape
+do not; a stage with none prints nan). A stage runs from a block that changes the shape to the next such block.
 Each pass starts the stochastic rounding draws from the same seed, but shards of other sizes draw them in another
 order: the spread that alone gives, ``--shards 1`` under another ``--seed``, is the floor a shards' effect must pass.
 """
@@ -20,6 +22,7 @@ order: the spread that alone gives, ``--shards 1`` under another ``--seed``, is 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,27 @@ def _pass(model: torch.nn.Module, method: DFQ, images: torch.Tensor, labels: tor
     return [[torch.cat([shard[b][k] for shard in found]) for b in range(len(method.blocks))] for k in range(3)]
 
 
+def stages(model: torch.nn.Module, method: DFQ) -> list[str]:
+    """Each gated block's stage: a stage starts at the first block and at each block that changes the shape (its
+    resolution or width). Named by the path its blocks share (``layer2``), or where another stage shares that path
+    too (MobileNetV2's ``features``), by it and its blocks' first and last index (``features.4-6``)."""
+    names = [name for name, module in model.named_modules() if module in method.blocks]
+    groups: list[list[list[str]]] = []
+    for name, block in zip(names, method.blocks):
+        if not groups or not block.block.identity:
+            groups.append([])
+        groups[-1].append(name.split("."))
+    shared = [os.path.commonprefix(group) for group in groups]  # element-wise: the path segments they share
+    labels = []
+    for group, common in zip(groups, shared):
+        if shared.count(common) == 1:  # a stage of one block shares its whole path with none
+            labels.append(".".join(common))
+        else:
+            first, last = (".".join(path[len(common):]) for path in (group[0], group[-1]))
+            labels.append(f"{'.'.join(common)}.{first}-{last}")
+    return [label for group, label in zip(groups, labels) for _ in group]
+
+
 def load_run(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, DFQ, torch.nn.Module, Any, dict]:
     """A gated run's config, method and model at its checkpoint, its data, and the checkpoint."""
     cfg, data, method, model, state = at_checkpoint(run_dir, data_root)
@@ -91,7 +115,8 @@ def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, st
     train_batches, _ = data.streams(cfg, torch.device("cpu"), 0, 1)
     if cfg.train.batches_per_epoch is not None:  # the run's epochs, as qtrain.run cuts them
         train_batches = Periods(train_batches, cfg.train.batches_per_epoch)
-    stages = [layers[0][0].split(".")[0] for layers in method.block_layers]
+    stage_of = stages(model, method)
+    can_skip = [not block.mask_skip for block in method.blocks]  # a block skipped only by masking never skips
     totals: dict[tuple[int, str], dict[str, float]] = {}
     model.train()
     read = 0
@@ -102,17 +127,18 @@ def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, st
         for shards in shard_counts:
             torch.manual_seed((cfg.seed if seed is None else seed) + i)  # the rounding draws start alike each pass
             gates, probs, grads = _pass(model, method, images, labels, data.task.loss, shards, buffers)
-            for stage in dict.fromkeys(stages):
-                mine = [b for b, s in enumerate(stages) if s == stage]
+            for stage in dict.fromkeys(stage_of):
+                mine = [b for b, s in enumerate(stage_of) if s == stage]
                 row = totals.setdefault((shards, stage), {})
                 chosen = torch.cat([gates[b] for b in mine]).mean(0).tolist()
                 for name, share in zip(names, chosen):
                     row[f"choice {name}"] = row.get(f"choice {name}", 0.0) + share
                 for first, second in pairs:
-                    drift = logit_drift([grads[k] for k in mine], [probs[k] for k in mine], names.index(first),
-                                        names.index(second))
+                    counted = [b for b in mine if can_skip[b] or "skip" not in (first, second)]
+                    drift = logit_drift([grads[k] for k in counted], [probs[k] for k in counted], names.index(first),
+                                        names.index(second)) / (len(labels) * len(counted)) if counted else float("nan")
                     key = f"{second} against {first}"
-                    row[key] = row.get(key, 0.0) + drift / (len(labels) * len(mine))
+                    row[key] = row.get(key, 0.0) + drift
     return pd.DataFrame([{"shards": n, "stage": s, **{k: v / read for k, v in row.items()}}
                          for (n, s), row in totals.items()])
 

@@ -10,7 +10,7 @@ import torch
 
 from qtrain.errors import ConfigError
 from qtrain.run import run
-from tests.conftest import TINY, make_config, once
+from tests.conftest import TINY, make_config, once, prepared
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))  # as running it from scripts/ does: it imports gate_start beside it
@@ -63,6 +63,38 @@ def test_the_table_per_shard_count_and_stage(gated_run):
     one, two = (table[table.shards == n].set_index("stage")[drifts] for n in (1, 2))
     assert (one != 0).all().all()
     assert not one.equals(two)  # the shards' own batch statistics move the pull
+
+
+@pytest.mark.parametrize("model,expected", [
+    ("resnet20", ["layer1"] * 3 + ["layer2"] * 3 + ["layer3"] * 3),
+    # MobileNetV2's bottleneck sequences (its paper's Table 2: 1, 2, 3, 4, 3, 3, 1 blocks; each starts where the
+    # width changes), all under one path, so named by their blocks' first and last index
+    ("mobilenetv2", ["blocks.0"] + ["blocks.1-2"] * 2 + ["blocks.3-5"] * 3 + ["blocks.6-9"] * 4
+     + ["blocks.10-12"] * 3 + ["blocks.13-15"] * 3 + ["blocks.16"]),
+])
+def test_a_stage_runs_from_a_block_that_changes_the_shape_to_the_next(model, expected):
+    method, built = prepared("dfq", model=model)
+    assert gate_shards.stages(built, method) == expected
+
+
+@pytest.mark.slow
+def test_a_pair_with_the_skip_counts_only_the_blocks_that_may_skip(tmp_path):
+    run(make_config(*OVERRIDES, "method.skip_downsample=never"), tmp_path)
+    table = gate_shards.shard_pull(tmp_path, [1], list(gate_shards.DEFAULT_PAIRS), 1).set_index("stage")
+    cfg, method, model, data, state = gate_shards.load_run(tmp_path)
+    assert [b.mask_skip for b in method.blocks] == [False] * 3 + [True, False, False] * 2  # layer2.0, layer3.0
+    train_batches = data.streams(cfg, torch.device("cpu"), 0, 1)[0]
+    images, labels = next(iter(train_batches.epoch(state["progress"]["epoch"])))
+    model.train()
+    torch.manual_seed(cfg.seed)  # as the table's pass of its first batch draws
+    _, probs, grads = gate_shards._pass(model, method, images, labels, data.task.loss, 1,
+                                        {name: value.clone() for name, value in model.named_buffers()})
+    for stage, blocks in (("layer1", [0, 1, 2]), ("layer2", [4, 5]), ("layer3", [7, 8])):
+        drift = gate_shards.logit_drift([grads[b] for b in blocks], [probs[b] for b in blocks], 0, 3)
+        assert table.loc[stage, "FW4/BW6 against skip"] == pytest.approx(drift / (len(labels) * len(blocks)))
+    # the pair of two run options counts every block
+    drift = gate_shards.logit_drift(grads[3:6], probs[3:6], 3, 5)
+    assert table.loc["layer2", "FW6/BW8 against FW4/BW6"] == pytest.approx(drift / (len(labels) * 3))
 
 
 @pytest.mark.parametrize("args,message", [
