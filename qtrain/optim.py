@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 # The keys of an optim or sched config that qtrain reads itself (its name, the warm-ups), not its ``_target_``.
 OWN_KEYS = ("name", "warmup_epochs", "warmup_steps")
@@ -28,9 +27,10 @@ def constructor(arguments: dict[str, Any]) -> functools.partial:
     return instantiate(arguments, _convert_="all")
 
 
-def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer ``conf/optim/<name>.yaml`` names (``_target_``) with its values, over the model's parameters."""
-    return constructor(_arguments(cfg))(model.parameters())
+def build_optimizer(cfg: DictConfig, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """The optimizer ``conf/optim/<name>.yaml`` names (``_target_``) with its values, over the parameter ``groups``
+    (a method's :meth:`~qtrain.methods.base.Method.parameter_groups`)."""
+    return constructor(_arguments(cfg))(groups)
 
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau

@@ -184,7 +184,7 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
     train_batches, test_batches = _streams(cfg, data, plan.device)
     sample = train_batches.example(2)
     meter = CostMeter(plan.method.profile(model, sample), plan.method.operand_sizes(model, sample))
-    optimizer = build_optimizer(cfg.optim, model)
+    optimizer = build_optimizer(cfg.optim, plan.method.parameter_groups(model))
     scheduler = build_scheduler(cfg.sched, optimizer, cfg.train.epochs)
     plan.method.attach(optimizer, RunFacts(cfg.train.batch_size, cfg.train.accum_steps, train_batches.samples,
                                            -(-cfg.train.batch_size // distributed.world_size()), len(train_batches)))

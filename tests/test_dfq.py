@@ -15,6 +15,7 @@ from qtrain.methods.dfq import DFQ
 from qtrain.methods.fractrain import appendix_g_targets
 from qtrain.methods.gates import GatedBlock
 from qtrain.models import build_model
+from qtrain.optim import build_optimizer, build_scheduler
 from qtrain.quant import formats
 from qtrain.quant.layers import QConv2d, set_sample_bits
 from qtrain.run import run
@@ -456,6 +457,66 @@ def test_cp_controller_drives_cp_to_the_target(tmp_path):
     assert abs(cp.iloc[-4:].mean() - 3.5) < 0.15 * 3.5
 
 
+def test_the_gates_own_learning_rate_is_the_networks_divided_from_its_step_on():
+    """The logs' script: the gates and controller at the network's rate, divided by 3 from iteration 5000 on; here
+    from step 2, along a cosine schedule over 3 epochs to 0.03 (closed form: 0.03 + 0.27 (1 + cos(pi t / 3)) / 2)."""
+    cfg = make_config("method=dfq", "method.gate_lr={from_step: 2, divide_by: 3}", "sched=cosine", "sched.min_lr=0.03",
+                      "optim.lr=0.3")
+    dfq = build_method(cfg.method)
+    net = dfq.prepare(build_model("resnet20", in_channels=3, num_classes=10, input_size=(8, 8)))
+    network, gates = dfq.parameter_groups(net)
+    names = {id(p): n for n, p in net.named_parameters()}
+    gate_names = sorted(names[id(p)] for p in gates["params"])
+    assert gate_names == sorted(n for n in names.values() if n.startswith("gate_controller.") or ".embed." in n)
+    assert len(network["params"]) + len(gates["params"]) == len(names)
+    optimizer = build_optimizer(cfg.optim, [network, gates])
+    dfq.attach(optimizer, None)
+    scheduler = build_scheduler(cfg.sched, optimizer, 3)
+    seen = []
+    for epoch, steps in ((0, (0, 1, 2)), (1, (3, 4)), (2, (5,))):
+        for step in steps:
+            dfq.after_backward(StepInfo(epoch, step, 8))
+            seen += [group["lr"] for group in optimizer.param_groups]
+            optimizer.step()  # no gradients: moves nothing
+        scheduler.step()
+    at_1, at_2 = (0.03 + 0.27 * (1 + math.cos(math.pi * t / 3)) / 2 for t in (1, 2))
+    assert seen == pytest.approx([0.3, 0.3, 0.3, 0.3, 0.3, 0.1, at_1, at_1 / 3, at_1, at_1 / 3, at_2, at_2 / 3])
+
+
+def test_a_gate_update_at_a_third_of_the_rate_moves_the_gates_a_third_as_far():
+    """SGD's first step moves each weight by lr * (gradient + weight decay * weight): the gates' by a third of it."""
+    moved = {}
+    for gate_lr in ("null", "{from_step: 0, divide_by: 3}"):
+        torch.manual_seed(0)
+        cfg = make_config("method=dfq", f"method.gate_lr={gate_lr}", "optim.lr=100")  # moves far above float32 ulps
+        dfq = build_method(cfg.method)
+        net = dfq.prepare(build_model("resnet20", in_channels=3, num_classes=10, input_size=(8, 8)))
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        optimizer = build_optimizer(cfg.optim, dfq.parameter_groups(net))
+        dfq.attach(optimizer, None)
+        torch.manual_seed(1)
+        F.cross_entropy(net(torch.randn(8, 3, 8, 8)), torch.arange(8)).backward()
+        dfq.after_backward(StepInfo(0, 0, 8))
+        optimizer.step()
+        moved[gate_lr] = {n: p.detach() - before[n] for n, p in net.named_parameters()}
+    full, third = moved.values()
+    for name in full:
+        is_gate = name.startswith("gate_controller.") or ".embed." in name
+        assert torch.allclose(third[name], full[name] / 3 if is_gate else full[name], rtol=1e-3, atol=1e-6), name
+    assert full["gate_controller.proj.weight"].abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_gates_at_the_networks_rate_in_a_group_of_their_own_train_as_in_one_group(tmp_path):
+    """Two parameter groups with one rate are one group: the run's metrics and gate records are the same."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(make_config(*TINY, "method=dfq", "train.epochs=1"), one)
+    run(make_config(*TINY, "method=dfq", "train.epochs=1", "method.gate_lr={from_step: 0, divide_by: 1}"), two)
+    timing = ["epoch_seconds", "wall_seconds"]
+    assert pd.read_csv(one / "metrics.csv").drop(columns=timing).equals(pd.read_csv(two / "metrics.csv").drop(columns=timing))
+    assert (one / "precision.csv").read_text() == (two / "precision.csv").read_text()
+
+
 @pytest.mark.slow
 def test_fractrain_raises_its_target_at_each_turning_point(tmp_path):
     overrides = ["method=fractrain", "method.cp_schedule=[1.5,4.0]", "method.switch=manual", "method.manual_epochs=[1]"]
@@ -525,6 +586,8 @@ def test_appendix_g_targets_by_hand():
     ("method.skip_charge=half", "method.skip_charge='half' is not allowed"),
     ("model.dfq_gate.width=0", "method.gate.width=0 is not allowed"),
     ("model=alexnet", "method dfq needs a model with residual blocks"),
+    ("method.gate_lr={from_step: 5000, divide_by: 0}", "method.gate_lr.divide_by=0 is not allowed"),
+    ("method.gate_lr={from_step: -1, divide_by: 3}", "method.gate_lr.from_step=-1 is not allowed"),
 ])
 @pytest.mark.slow
 def test_bad_dfq_values_are_named(override, message):

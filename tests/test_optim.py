@@ -83,7 +83,7 @@ def test_inverse_sqrt_is_vaswanis_formula_with_the_peak_it_implies():
 ])
 def test_the_optimizer_is_its_files_target_with_its_values(choice, cls, values):
     model = torch.nn.Linear(2, 1)
-    optimizer = build_optimizer(make_config(f"optim={choice}").optim, model)
+    optimizer = build_optimizer(make_config(f"optim={choice}").optim, [{"params": list(model.parameters())}])
     assert type(optimizer) is cls
     assert {key: optimizer.param_groups[0][key] for key in values} == values
     assert optimizer.param_groups[0]["params"] == list(model.parameters())

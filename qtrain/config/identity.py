@@ -54,6 +54,7 @@ RUN_KEYS: dict[str, RunKey] = {
     "method.scale_rule": RunKey(omitted_at="floor"),  # MX's
     "method.matmuls": RunKey(omitted_at="quantized"),  # FP8's and MX's
     "method.cp_gemms": RunKey(omitted_at="all"),  # DFQ's and FracTrain's
+    "method.gate_lr": RunKey(omitted_at=None),  # DFQ's and FracTrain's
     "model.classifier_init": RunKey(omitted_at="torch"),  # the CIFAR ResNets'
 }
 NOT_IDENTITY = tuple(key for key, role in RUN_KEYS.items() if not role.identity)

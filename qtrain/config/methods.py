@@ -418,6 +418,15 @@ class Gate:
     hidden: int = bounded(1)
 
 
+@dataclass(frozen=True)
+class GateLr:
+    """The gates' own learning rate: the network's divided by ``divide_by`` from optimizer step ``from_step`` (0-based)
+    on, the same before."""
+
+    from_step: int = bounded(0)
+    divide_by: float = bounded(0, low_open=True)
+
+
 def gate_options(options: Any) -> list[tuple[int, int]]:
     """The [fw, bw] pairs of ``method.options``; a leading [0, 0] is the skip option."""
     error = ConfigError(f"method.options={options!r} is not allowed: a list of [fw, bw] pairs with bit-widths "
@@ -449,6 +458,7 @@ class Gated(RangeLinear):
     projection: Precision
     outside: FwBw | None
     gate: Gate | None
+    gate_lr: GateLr | None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -64,6 +64,10 @@ class Method:
         """Swap layers for quantized ones, add gates; called once before the optimizer is built."""
         return model
 
+    def parameter_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups (called once, after :meth:`prepare`): one, every parameter of ``model``."""
+        return [{"params": list(model.parameters())}]
+
     def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
         """Called once the optimizer exists (before a resume loads state): a method that sets the learning rate keeps it."""
 

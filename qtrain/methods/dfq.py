@@ -16,7 +16,7 @@ from qtrain.config import methods as schemas
 from qtrain.config.methods import gate_options
 from qtrain.cost.profile import OperandSizes, operand_sizes, profile_macs
 from qtrain.errors import ConfigError
-from qtrain.methods.base import Method, StepInfo
+from qtrain.methods.base import Method, RunFacts, StepInfo
 from qtrain.methods.gates import GateController, GatedBlock
 from qtrain.methods.sbm import is_depthwise, range_linear_quantizers, uniform_record
 from qtrain.models.blocks import Block
@@ -48,6 +48,7 @@ class DFQ(Method):
         self._record: PrecisionRecord = {}
         self._cp_sum, self._term_sum, self._samples = 0.0, 0.0, 0
         self._event_rows: list[dict[str, Any]] = []
+        self.optimizer: torch.optim.Optimizer | None = None
 
     def target_cp(self) -> float:
         """The cp (percent of float32, over ``cp_scope``) the controller steers to now."""
@@ -125,6 +126,25 @@ class DFQ(Method):
         self._record = dict(self.outside_record)
         self.model = model
         return model
+
+    def parameter_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """With ``gate_lr``, the network's parameters and then the gates' (their embeddings and the controller), whose
+        learning rate :meth:`after_backward` sets; else one group."""
+        if self.cfg.gate_lr is None:
+            return super().parameter_groups(model)
+        gates = {id(p) for p in self.controller.parameters()} | {id(p) for b in self.blocks for p in b.embed.parameters()}
+        params = list(model.parameters())
+        return [{"params": [p for p in params if id(p) not in gates]}, {"params": [p for p in params if id(p) in gates]}]
+
+    def attach(self, optimizer: torch.optim.Optimizer, facts: RunFacts) -> None:
+        super().attach(optimizer, facts)
+        self.optimizer = optimizer
+
+    def after_backward(self, info: StepInfo) -> None:
+        gate_lr = self.cfg.gate_lr
+        if gate_lr is not None:  # set at every step from the network's, as the logs' script does: any schedule carries over
+            network, gates = self.optimizer.param_groups
+            gates["lr"] = network["lr"] / (gate_lr.divide_by if info.step >= gate_lr.from_step else 1)
 
     @contextmanager
     def _every_block_running(self):
