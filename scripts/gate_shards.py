@@ -68,7 +68,7 @@ def _pass(model: torch.nn.Module, method: DFQ, images: torch.Tensor, labels: tor
 def stages(model: torch.nn.Module, method: DFQ) -> list[str]:
     """Each gated block's stage: a stage starts at the first block and at each block that changes the shape (its
     resolution or width). Named by the path its blocks share (``layer2``), or where another stage shares that path
-    too (MobileNetV2's ``features``), by it and its blocks' first and last index (``features.4-6``)."""
+    too (MobileNetV2's ``blocks``), by it and its blocks' first and last index (``blocks.3-5``)."""
     names = [name for name, module in model.named_modules() if module in method.blocks]
     groups: list[list[list[str]]] = []
     for name, block in zip(names, method.blocks):
