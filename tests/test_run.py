@@ -95,6 +95,8 @@ def test_evaluating_every_other_epoch_trains_the_same_and_reports_the_evaluated_
     ["method=sbm"],
     # a stage switch after epoch 1 and gates whose state lives in the model
     ["method=fractrain", "method.switch=manual", "method.manual_epochs=[1,2,3]"],
+    # the gates' own rate, a third of the network's from step 5 (epoch 2's second), through the schedule's drops
+    ["method=dfq", "method.gate_lr={from_step: 5, divide_by: 3}"],
     # lookback windows of 3 steps in epochs of 4: the kill falls in the middle of a window
     ["method=adapt", "method.lookback={low: 3, high: 3, momentum: 0.33}"],
     # a diversity window of 2 epochs, open when the kill comes
