@@ -86,19 +86,20 @@ def stages(model: torch.nn.Module, method: DFQ) -> list[str]:
     return [label for group, label in zip(groups, labels) for _ in group]
 
 
-def load_run(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, DFQ, torch.nn.Module, Any, dict]:
-    """A gated run's config, method and model at its checkpoint, its data, and the checkpoint."""
-    cfg, data, method, model, state = at_checkpoint(run_dir, data_root)
+def load_run(run_dir: Path, data_root: str | None = None) -> tuple[DictConfig, Any, DFQ, torch.nn.Module, dict]:
+    """:func:`qtrain.run.at_checkpoint` of a gated run (DFQ or FracTrain); any other is refused."""
+    loaded = at_checkpoint(run_dir, data_root)
+    cfg, _, method, _, _ = loaded
     if not isinstance(method, DFQ):
         raise ConfigError(f"{run_dir} is not allowed: its method {cfg.method.name} has no gates (dfq or fractrain)")
-    return cfg, method, model, data, state
+    return loaded
 
 
 def shard_pull(run_dir: Path, shard_counts: list[int], pairs: list[tuple[str, str]] | None, batches: int,
                data_root: str | None = None, seed: int | None = None) -> pd.DataFrame:
     """One row per shard count and stage: the options' shares of the block runs and each pair's drift (``pairs``
     None: those of :data:`DEFAULT_PAIRS` the run has); ``seed`` (default: the run's) keys the rounding draws."""
-    cfg, method, model, data, state = load_run(run_dir, data_root)
+    cfg, data, method, model, state = load_run(run_dir, data_root)
     names = option_names(method)
     if pairs is None:
         pairs = [pair for pair in DEFAULT_PAIRS if set(pair) <= set(names)]

@@ -169,10 +169,10 @@ def compare(method: str, a: dict, b: dict, same_device: bool) -> tuple[bool, str
 def probabilities_apart(a: pd.DataFrame, b: pd.DataFrame) -> str | None:
     """Where two precision records differ only in the gates' mean probabilities (``gates_probability`` rows' shares,
     float sums that the devices round apart), how far apart those lie; else None."""
-    if "event" not in a or "event" not in b or len(a) != len(b):
+    if "event" not in a or "event" not in b or a.event.tolist() != b.event.tolist():
         return None
     probable = a.event.eq("gates_probability").to_numpy()
-    if not probable.any() or not probable.tolist() == b.event.eq("gates_probability").tolist():
+    if not probable.any():
         return None
     a, b = a.reset_index(drop=True), b.reset_index(drop=True)
     if not a.drop(columns="share").equals(b.drop(columns="share")) or not a.share[~probable].equals(b.share[~probable]):

@@ -30,7 +30,7 @@ def gated_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_batch_in_shards_is_its_shards_run_alone_each_weighted_by_its_share(gated_run):
-    _, method, model, data, _ = gate_shards.load_run(gated_run)
+    _, data, method, model, _ = gate_shards.load_run(gated_run)
     buffers = {name: value.clone() for name, value in model.named_buffers()}
     model.train()
     images, labels = torch.randn(8, 3, 8, 8), torch.arange(8) % data.num_classes
@@ -81,7 +81,7 @@ def test_a_stage_runs_from_a_block_that_changes_the_shape_to_the_next(model, exp
 def test_a_pair_with_the_skip_counts_only_the_blocks_that_may_skip(tmp_path):
     run(make_config(*OVERRIDES, "method.skip_downsample=never"), tmp_path)
     table = gate_shards.shard_pull(tmp_path, [1], list(gate_shards.DEFAULT_PAIRS), 1).set_index("stage")
-    cfg, method, model, data, state = gate_shards.load_run(tmp_path)
+    cfg, data, method, model, state = gate_shards.load_run(tmp_path)
     assert [b.mask_skip for b in method.blocks] == [False] * 3 + [True, False, False] * 2  # layer2.0, layer3.0
     train_batches = data.streams(cfg, torch.device("cpu"), 0, 1)[0]
     images, labels = next(iter(train_batches.epoch(state["progress"]["epoch"])))
