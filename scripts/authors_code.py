@@ -31,7 +31,8 @@ same weights, on the first 128 training images in training mode: the first convo
 and an activation's quantized levels, and one layer at a time the input and weight gradients for one upstream
 gradient, with both sides' gradient rounding set to nearest (stochastic rounding draws differ by design).
 ``--check-gates`` does the same for DFQ (cp 3 %, 4-bit weights, every option run for every sample) against their
-gated ResNet-38 (``cifar10_rnn_gate_38``), block by block on the same inputs: see :func:`check_gates`.
+gated ResNet-38 (``cifar10_rnn_gate_38``), block by block on the same inputs, forward and backward: see
+:func:`check_gates`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import pickle
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,16 @@ def tabulate(log: Path, csv: Path, bits: tuple[int, int]) -> None:
     print(table[["epoch", "train_loss", "train_acc", "test_acc", "test_loss"]].to_string(index=False))
 
 
+def _nearest_gradients(model: Any, their_quantize: Any) -> None:
+    """Both sides' gradient rounding to nearest: stochastic rounding's draws differ between the codes by design."""
+    their_quantize.quantize_grad.__defaults__ = tuple(False if d is True else d
+                                                     for d in their_quantize.quantize_grad.__defaults__)
+    for layer in model.modules():
+        grad = getattr(getattr(layer, "quant", None), "grad", None)
+        if grad is not None:
+            grad.rounding = "nearest"
+
+
 def check_layers(code: Path, data: Path) -> None:
     """qtrain's quantized ResNet-38 against the authors' on one batch, forward and layer by layer backward."""
     import torch
@@ -170,12 +182,7 @@ def check_layers(code: Path, data: Path) -> None:
     inner = F.relu(block.bn1(block.conv1(stem)))
     differing = (block.conv2.quant.act(inner) != their_block.conv2.quantize_input_fw(inner, 6)).sum().item()
     print("block 1.0 conv2 input levels differing:", differing, "of", inner.numel())
-    theirs_quantize.quantize_grad.__defaults__ = tuple(False if d is True else d
-                                                       for d in theirs_quantize.quantize_grad.__defaults__)
-    for layer in ours.modules():
-        grad = getattr(getattr(layer, "quant", None), "grad", None)
-        if grad is not None:
-            grad.rounding = "nearest"
+    _nearest_gradients(ours, theirs_quantize)
     torch.manual_seed(1)
     for ours_name, their_name in (("conv1", "conv1"), ("layer1.0.conv1", "group1_layer0.conv1"),
                                   ("layer2.0.shortcut.0", "group2_layer0.downsample")):
@@ -310,12 +317,82 @@ def _compare_block(b: int, block: Any, theirs: Any, given: Any, act_bits: list[i
     return found
 
 
+def _block_backward(block: Any, their_block: Any | None, b: int, given: Any, hard: Any) -> dict:
+    """Block ``b`` under ``mix_all`` on ``given``, every option run and mixed by the gates ``hard`` (one-hot, the
+    probabilities' gradient passed straight through), backward from a random upstream gradient drawn from
+    the generator seeded ``b`` (so every call on block ``b`` draws the same): the output, the gradients of the
+    input, of the probabilities (each option's output against ``upstream``) and of the block's weights (qtrain's
+    names). With ``their_block`` the authors' block runs instead, mixed as their model's forward mixes it (the skip
+    option's output: the input, or the float32 projection and its batch norm)."""
+    import torch
+
+    x = given.clone().requires_grad_()
+    probs = torch.full_like(hard, 1 / hard.shape[1]).requires_grad_()
+    gates = hard - probs.detach() + probs
+    if their_block is None:
+        block.zero_grad()
+        y = block._mix_all(x, gates)
+    else:
+        their_block.zero_grad()
+        skip = their_block.bn3(their_block.downsample(x, 0, 0)) if block.skip_by_projection else x
+        outputs = [skip] + [their_block(x, a, g) for a, g in block.option_bits.int().tolist()]
+        y = sum(gates[:, k].view(-1, 1, 1, 1) * out for k, out in enumerate(outputs))
+    y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(b)) * 1e-3)
+    if their_block is None:
+        weights = {key: w.grad for key, w in block.block.named_parameters()}
+    else:
+        theirs = dict(their_block.named_parameters())
+        weights = {key: theirs[_their_block_state(b, key).split(".", 1)[1]].grad for key, _ in block.block.named_parameters()}
+    return {"output": y.detach(), "input": x.grad, "gates": probs.grad,
+            "weights": torch.cat([w.flatten() for w in weights.values() if w is not None])}
+
+
+def _relative(mine: Any, yours: Any) -> float:
+    """``|mine - yours| / |yours|`` (0 where both are zero)."""
+    if yours.norm() == 0:
+        return float("inf") if mine.norm() > 0 else 0.0
+    return ((mine - yours).norm() / yours.norm()).item()
+
+
+def _compare_block_backward(b: int, block: Any, theirs: Any, given: Any, choices: Any) -> tuple[dict, dict]:
+    """Block ``b``'s backward on both sides, on the same input, gates (one-hot at ``choices``) and random upstream
+    gradient, both sides' gradient rounding at nearest: the relative differences of the output and of the input's,
+    the gates' and the weights' gradients; and the floor near-ties set, qtrain against itself on the input scaled by
+    1 + 2**-22, 2**-20, 2**-18 and 2**-16 (every value moved by under 16 millionths: a level moves only where it was
+    that near a rounding boundary), the largest of the four."""
+    import torch.nn.functional as F
+
+    their_block = getattr(theirs, _their_block(b))
+    hard = F.one_hot(choices, block.option_bits.shape[0] + 1).float()
+    ours = _block_backward(block, None, b, given, hard)
+    yours = _block_backward(block, their_block, b, given, hard)
+    nudged = [_block_backward(block, None, b, given * (1 + 2.0 ** -e), hard) for e in (22, 20, 18, 16)]
+    return ({part: _relative(ours[part], yours[part]) for part in ours},
+            {part: max(_relative(n[part], ours[part]) for n in nudged) for part in ours})
+
+
+def _backward_summary(backward: Sequence[dict], floor: Sequence[dict]) -> str:
+    """The blocks' backward differences, largest over the blocks whose outputs agree to the bit and over the rest,
+    beside qtrain's against itself on the nudged input, largest over all blocks."""
+    same = [f for f in backward if f["output"] == 0]
+    other = [f for f in backward if f["output"] != 0]
+
+    def largest(found: Sequence[dict]) -> str:
+        return ", ".join(f"{part} {max(f[part] for f in found):.1e}" for part in ("input", "gates", "weights"))
+
+    return (f"blocks under mix_all, relative differences of the gradients: in the {len(same)} blocks whose outputs "
+            f"agree to the bit {largest(same) if same else '-'}; in the {len(other)} others (output up to "
+            f"{max((f['output'] for f in other), default=0):.1e}) {largest(other) if other else '-'}; qtrain against "
+            f"itself on the nudged input {largest(floor)} (output up to {max(f['output'] for f in floor):.1e})")
+
+
 def check_gates(code: Path, data: Path) -> None:
     """qtrain's DFQ ResNet-38 (cp 3 %, 4-bit weights, every option run for every sample) against the authors' gated
     ResNet-38 with the same weights, block by block on the same inputs (one training forward of qtrain's on 32 training
     images gives each block's input), for four initial seeds: each option's quantized input and weight levels of the
-    block's first convolution, a downsampling block's skip path, the gate's embedding and the choices from it, and
-    the cost term of qtrain's choices priced as their script prices them. Outputs are not compared past a quantizer:
+    block's first convolution, a downsampling block's skip path, the gate's embedding and the choices from it, the
+    cost term of qtrain's choices priced as their script prices them, and each block's backward under mix_all with
+    qtrain's gates (:func:`_compare_block_backward`). The whole models' outputs are not compared:
     a near-tie that the two round one level apart (qtrain multiplies by the step's inverse, theirs divides) moves the
     batch norm's statistics and the next quantizer's batch-wide range, and with them most later levels."""
     import torch
@@ -346,12 +423,16 @@ def check_gates(code: Path, data: Path) -> None:
             found = [_compare_block(b, block, theirs, inputs[block], [a for a, _ in options[1:]],
                                     cfg.method.weight_bits, their_quantize) for b, block in enumerate(method.blocks)]
         total = {key: sum(f[key] for f in found) for key in ("levels", "values", "weight_levels", "weights", "flipped")}
+        _nearest_gradients(ours, their_quantize)
+        backward, floor = zip(*(_compare_block_backward(b, block, theirs, inputs[block], choices[b].argmax(1))
+                                for b, block in enumerate(method.blocks)))
         print(f"seed {seed}: {(choices.argmax(2) > 0).float().mean().item():.0%} of block runs not skipped at the "
               f"first step; first convolutions' input levels differing: {total['levels']} of {total['values']} "
               f"({len(options) - 1} options), weight levels {total['weight_levels']} of {total['weights']}; skip paths "
               f"max |diff| {max(f['skip'] for f in found):.1e}; gate embeddings max |diff| "
               f"{max(f['embedding'] for f in found):.1e}; gate choices from them differing: {total['flipped']} of "
-              f"{len(x) * len(found)}; cost term {ours_term:+.6f} (qtrain) / {term:+.6f} (theirs, of qtrain's choices)")
+              f"{len(x) * len(found)}; cost term {ours_term:+.6f} (qtrain) / {term:+.6f} (theirs, of qtrain's choices); "
+              + _backward_summary(backward, floor))
 
 
 def main(argv: list[str] | None = None) -> int:
