@@ -321,9 +321,10 @@ def _block_backward(block: Any, their_block: Any | None, b: int, given: Any, har
     """Block ``b`` under ``mix_all`` on ``given``, every option run and mixed by the gates ``hard`` (one-hot, the
     probabilities' gradient passed straight through), backward from a random upstream gradient drawn from
     the generator seeded ``b`` (so every call on block ``b`` draws the same): the output, the gradients of the
-    input, of the probabilities (each option's output against ``upstream``) and of the block's weights (qtrain's
-    names). With ``their_block`` the authors' block runs instead, mixed as their model's forward mixes it (the skip
-    option's output: the input, or the float32 projection and its batch norm)."""
+    input, of the probabilities (each option's output against that upstream gradient) and of the block's weights
+    (qtrain's names). Option 0 is the skip, as in the check's option set. With ``their_block`` the authors' block
+    runs instead, mixed as their model's forward mixes it (the skip option's output: the input, or the float32
+    projection and its batch norm)."""
     import torch
 
     x = given.clone().requires_grad_()
