@@ -5,8 +5,9 @@ summed gate choices priced per 32x32 GEMM, ``sign`` +1 where the batch's cp is a
 Every 10 iterations the logs (``scripts/reference_curves.py`` reads them) print one batch's loss with that term and
 its cp, from which its cost is ``cp / 100 * 3 * batch * blocks``. Regressing the printed loss on ``sign * cost`` (with
 a quadratic in the iteration for the task loss's own trend), span by span at learning rate 0.1, gives beta as the
-logged run had it, and with it the cost's units and the sign rule (no dead band around the target): qtrain's
-``method.beta`` (1e-3) and cost term are those of the script whose defaults the regression should return.
+logged run had it, and with it a check of the cost's units and of the sign rule (a dead band around the target,
+where the sign shrinks, would pull the fit below the run's beta), to hold against qtrain's ``method.beta`` (1e-3)
+and cost term (docs/methods/dfq.md).
 
     python scripts/log_beta.py GIT_DIR [--commit SHA]
 
