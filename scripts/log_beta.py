@@ -24,13 +24,21 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_curves import DEFAULT_COMMIT, Log, Run, _runs, at_or_before, git, parse_log  # noqa: E402
+from reference_curves import (  # noqa: E402
+    BATCH_SIZE,
+    DEFAULT_COMMIT,
+    EVAL_EVERY,
+    Log,
+    Run,
+    _runs,
+    at_or_before,
+    git,
+    parse_log,
+)
 
-BATCH = 128
 LR_DROP = 32_000  # the first iteration at learning rate 0.01
 SKIP = 2_000  # the first iterations, where the task loss falls too fast for a quadratic
 SPAN = 8_000  # the longest span fitted at once
-EVAL_EVERY = 390  # the logs' evaluation interval
 
 
 def beta_fits(log: Log, run: Run) -> list[dict[str, object]]:
@@ -44,15 +52,18 @@ def beta_fits(log: Log, run: Run) -> list[dict[str, object]]:
 
     rows = sorted((i, r) for i, r in log.train.items()
                   if SKIP <= i < LR_DROP and "cp_val" in r and target(i) == target(i + EVAL_EVERY))
+    spans: list[list[tuple[int, dict]]] = []
+    for i, r in rows:  # a new span where the target changes or the span would pass SPAN iterations
+        if not spans or target(i) != target(spans[-1][0][0]) or i >= spans[-1][0][0] + SPAN:
+            spans.append([])
+        spans[-1].append((i, r))
     fits = []
-    while rows:
-        first, goal = rows[0][0], target(rows[0][0])
-        span = [(i, r) for i, r in rows if i < first + SPAN and target(i) == goal]
-        rows = rows[len(span):]
+    for span in spans:
+        first, goal = span[0][0], target(span[0][0])
         t = np.array([(i - first) / 1000 for i, _ in span])
         cp = np.array([r["cp_val"] for _, r in span])
         sign = np.where(cp >= goal, 1.0, -1.0)
-        design = np.column_stack([np.ones_like(t), t, t * t, sign * cp / 100 * 3 * BATCH * blocks])
+        design = np.column_stack([np.ones_like(t), t, t * t, sign * cp / 100 * 3 * BATCH_SIZE * blocks])
         loss = np.array([r["loss_val"] for _, r in span])
         coef, *_ = np.linalg.lstsq(design, loss, rcond=None)
         resid = loss - design @ coef
