@@ -1,12 +1,13 @@
-"""Run the FracTrain authors' own ``train_base.py`` on this machine's CPU and data, and tabulate its log per epoch.
+"""Run the FracTrain authors' own ``train_base.py`` (or, with ``--dfq``, their DFQ script) on this machine's CPU and
+data, and tabulate its log per epoch.
 
 qtrain's static FW6/BW8 ResNet-38 runs leave the authors' published log from epoch 3 on
 (``results/reference_runs/``). Running the authors' code on the same data copy and machine tells the two causes
 apart: if their code leaves their own log the same way, the data copy or the machine moves the curve; if it stays on
 the log, qtrain departs from their code.
 
-    python scripts/authors_code.py GIT_DIR --data DATA --out OUT [--iters 1950] [--seed 0] [--fc-init torch]
-    python scripts/authors_code.py --log OUT/save/cifar10_resnet_38/log_train.txt --csv FILE   # tabulate only
+    python scripts/authors_code.py GIT_DIR --data DATA --out OUT [--iters 1950] [--seed 0] [--fc-init torch] [--dfq]
+    python scripts/authors_code.py --log OUT/save/cifar10_resnet_38/log_train.txt --csv FILE [--dfq]   # tabulate only
 
 GIT_DIR is a git directory of the Tubbz-alt/FracTrain snapshot (as for ``scripts/reference_curves.py``); DATA holds
 ``cifar-10-batches-py/``. Nothing of the authors' code is part of qtrain: the script takes their
@@ -21,6 +22,16 @@ for others) through a launcher of ours that makes it run where it was not writte
 - one torch thread and one loader worker (``--threads``), the seed set for torch, NumPy and ``random`` first;
 - ``--fc-init torch``: the classifier re-initialized as torch initializes ``nn.Linear`` (qtrain's choice; the
   authors' code draws it from N(0, 2/(in*out))), to test that difference alone.
+
+``--dfq`` runs the script that wrote the published DFQ and FracTrain logs, ``train_dp_lr.py`` (their warnings' line
+numbers are its), as the DFQ log's run: ``--arch cifar10_rnn_gate_38 --target_ratio 3 --weight_bits 4``. The released
+script and model do not run together as they are: the script prices a skip option first (its costs start with 0,
+the gate has one output more than the run options) while the gated model's forward has that candidate's line
+commented out and mixes only the run options, so the first step fails on the missing mask. The launcher restores the
+line (:func:`restore_skip`: the block's input as the first candidate, mixed with the others) and sets the script's
+run options to the log's four, FW4/BW6, FW6/BW8, FW6/BW12 and FW8/BW16 (the released list has five, with an
+FW8/BW8 the log's gates never show). The log is then tabulated as the published gated logs are: the curve and, per
+evaluation, each gated block's option shares (``OUT/<name>_gates.csv``).
 
 The log (``OUT/save/<arch>/log_train.txt``) is tabulated by ``scripts/reference_curves.py``'s own reader into
 ``OUT/<name>.csv``, the same columns as ``results/reference/``'s CSVs of the published logs.
@@ -48,13 +59,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_curves import DEFAULT_COMMIT, Run, epoch_table, parse_log  # noqa: E402
+from reference_curves import DEFAULT_COMMIT, SKIP_SET, Run, epoch_table, gate_table, parse_log  # noqa: E402
 
 CODE = "fractrain_cifar"
-FILES = [f"{CODE}/{name}" for name in ("train_base.py", "models.py", "data.py", "util_swa.py", "modules")]
+FILES = [f"{CODE}/{name}" for name in ("train_base.py", "train_dp_lr.py", "models.py", "data.py", "util_swa.py",
+                                        "modules")]
+DFQ_OPTIONS = SKIP_SET[1:]  # the DFQ log's run options (activation, gradient bits); the skip comes first
+DFQ_ARGS = ["--arch", "cifar10_rnn_gate_38", "--target_ratio", "3", "--weight_bits", "4"]  # the DFQ log's run
 CIFAR = "cifar-10-batches-py"
-LAUNCHER = '''"""qtrain's launcher of the FracTrain authors' train_base.py on a CPU (written by scripts/authors_code.py)."""
-import os, random, sys
+LAUNCHER = '''"""qtrain's launcher of the FracTrain authors' training scripts on a CPU (written by scripts/authors_code.py)."""
+import importlib, os, random, sys
 import numpy as np
 import torch, torchvision
 import torchvision.datasets.cifar as cifar
@@ -67,17 +81,21 @@ torchvision.datasets.CIFAR10._check_integrity = lambda self: True
 seed = int(os.environ["AUTHORS_SEED"])
 torch.manual_seed(seed); random.seed(seed); np.random.seed(seed)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fractrain_cifar"))
-import train_base
+script = importlib.import_module(os.environ["AUTHORS_SCRIPT"])
 import models
+arch = os.environ["AUTHORS_ARCH"]
 if os.environ.get("AUTHORS_FC_INIT") == "torch":
-    _build = models.cifar10_resnet_38
+    _build = getattr(models, arch)
     def _torch_fc(*a, **k):
         m = _build(*a, **k)
         m.fc.reset_parameters()
         return m
-    models.cifar10_resnet_38 = _torch_fc
-sys.argv = ["train_base.py"] + sys.argv[1:]
-train_base.main()
+    setattr(models, arch, _torch_fc)
+if os.environ.get("AUTHORS_OPTIONS"):  # the gated script's run options, "FW/BW FW/BW ..."
+    options = [tuple(int(b) for b in o.split("/")) for o in os.environ["AUTHORS_OPTIONS"].split()]
+    script.bits, script.grad_bits = [o[0] for o in options], [o[1] for o in options]
+sys.argv = [script.__name__ + ".py"] + sys.argv[1:]
+script.main()
 '''
 
 
@@ -90,8 +108,34 @@ def extract_code(git_dir: Path, commit: str, out: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(code)], input=archive, check=True)
     swa = code / CODE / "util_swa.py"
     swa.write_text(swa.read_text().replace(".cuda(async=True)", ".cuda()"))
+    models = code / CODE / "models.py"
+    models.write_text(restore_skip(models.read_text()))
     (code / "launch.py").write_text(LAUNCHER)
     return code
+
+
+SKIP_EDITS = [("# output_candidates.append(prev)", "output_candidates.append(prev)"),
+              ("if bits[k] == 0:", "if False:  # qtrain's launcher: 0 bits runs the block in float32"),
+              ("for j in range(len(bits)):", "for j in range(len(bits) + 1):"),
+              ("for k in range(len(bits))])", "for k in range(len(bits) + 1)])")]
+
+
+def restore_skip(models_text: str) -> str:
+    """The authors' ``models.py`` with the gated ResNet's skip candidate restored (see ``--dfq`` above): in
+    ``ResNetRecurrentGateSP.forward``, the commented-out line that puts the block's input first among the candidates
+    made live, the mask's and the mixture's loops over one candidate more, and a run option of 0 bits run in float32
+    (their convolution's meaning of 0 bits) where the released forward made it a skip: the script's full-precision
+    evaluation passes 0 bits for every run option, and the logs' full-precision test top-1 (39.94 % at the DFQ log's
+    first evaluation, against 38.89 % quantized) is a network's, not a stack of skips'. Each edit is made once, at its
+    first place after the class statement; a text without one of them is refused."""
+    head, found, body = models_text.partition("class ResNetRecurrentGateSP")
+    if not found:
+        raise ValueError("models.py has no class ResNetRecurrentGateSP")
+    for old, new in SKIP_EDITS:
+        if old not in body:
+            raise ValueError(f"models.py's ResNetRecurrentGateSP has no line {old!r} to restore the skip with")
+        body = body.replace(old, new, 1)
+    return head + found + body
 
 
 def str_keyed_copy(data: Path, out: Path) -> Path:
@@ -113,10 +157,15 @@ def str_keyed_copy(data: Path, out: Path) -> Path:
     return out / "data"
 
 
-def tabulate(log: Path, csv: Path, bits: tuple[int, int]) -> None:
-    """The log per epoch (390 iterations), as ``scripts/reference_curves.py`` tabulates the published ones."""
-    run = Run(str(log), csv.stem, f"static FW{bits[0]}/BW{bits[1]}", "the authors' train_base.py on this machine",
-              bits=bits)
+def tabulate(log: Path, csv: Path, bits: tuple[int, int], dfq: bool = False) -> None:
+    """The log per epoch (390 iterations), as ``scripts/reference_curves.py`` tabulates the published ones; a DFQ
+    run's gates beside, in ``<csv stem>_gates.csv``, and printed as each stage's share of block runs skipped."""
+    if dfq:
+        run = Run(str(log), csv.stem, "DFQ cp 3 %, 4-bit weights", "the authors' train_dp_lr.py on this machine",
+                  target_cp=3.0, options=SKIP_SET)
+    else:
+        run = Run(str(log), csv.stem, f"static FW{bits[0]}/BW{bits[1]}", "the authors' train_base.py on this machine",
+                  bits=bits)
     parsed = parse_log(log.read_text())
     if not parsed.evals:
         print(f"{log}: no evaluation yet (one comes every 390 iterations)")
@@ -124,7 +173,15 @@ def tabulate(log: Path, csv: Path, bits: tuple[int, int]) -> None:
     table = epoch_table(parsed, run)
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
-    print(table[["epoch", "train_loss", "train_acc", "test_acc", "test_loss"]].to_string(index=False))
+    shown = ["epoch", "train_loss", "train_acc", "test_acc", "test_loss"]
+    if dfq:
+        gates = gate_table(parsed, run)
+        gates.to_csv(csv.with_name(f"{csv.stem}_gates.csv"), index=False)
+        skipped = gates.pivot_table(index="epoch", columns="stage", values="opt0_skip").round(3)
+        skipped.columns = [f"skipped: layer{stage}" for stage in skipped.columns]
+        table = table.merge(skipped, left_on="epoch", right_index=True)
+        shown += ["cp", *skipped.columns]
+    print(table[shown].to_string(index=False))
 
 
 def _nearest_gradients(model: Any, their_quantize: Any) -> None:
@@ -448,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-bits", type=int, default=6)
     ap.add_argument("--num-grad-bits", type=int, default=8)
     ap.add_argument("--fc-init", choices=("authors", "torch"), default="authors")
+    ap.add_argument("--dfq", action="store_true", help="run (or tabulate) the DFQ log's run of train_dp_lr.py")
     check = ap.add_mutually_exclusive_group()
     check.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
     check.add_argument("--check-gates", action="store_true", help="compare qtrain's DFQ blocks with their gated model's")
@@ -458,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.log is not None:
         if args.csv is None:
             ap.error("--log needs --csv")
-        tabulate(args.log, args.csv, bits)
+        tabulate(args.log, args.csv, bits, args.dfq)
         return 0
     if args.git_dir is None or args.data is None or args.out is None:
         ap.error("GIT_DIR, --data and --out are needed to run (or --log and --csv to tabulate)")
@@ -468,12 +526,20 @@ def main(argv: list[str] | None = None) -> int:
         (check_layers if args.check_layers else check_gates)(code, args.data.resolve())
         return 0
     data = str_keyed_copy(args.data.resolve(), out)
+    if args.dfq:
+        script, arch, run_args = "train_dp_lr", "cifar10_rnn_gate_38", DFQ_ARGS
+        options, name = " ".join(f"{a}/{g}" for a, g in DFQ_OPTIONS), f"authors_dfq_seed{args.seed}"
+    else:
+        script, arch, run_args = "train_base", "cifar10_resnet_38", ["--arch", "cifar10_resnet_38", "--num_bits",
+                                                                     str(bits[0]), "--num_grad_bits", str(bits[1])]
+        options, name = "", f"authors_code_seed{args.seed}"
     env = {**os.environ, "AUTHORS_THREADS": str(args.threads), "AUTHORS_SEED": str(args.seed),
-           "AUTHORS_FC_INIT": args.fc_init, "OMP_NUM_THREADS": str(args.threads)}
-    subprocess.run([sys.executable, str(code / "launch.py"), "--arch", "cifar10_resnet_38", "--dataset", "cifar10",
-                    "--datadir", str(data), "--workers", "1", "--iters", str(args.iters), "--num_bits", str(bits[0]),
-                    "--num_grad_bits", str(bits[1]), "--save_folder", str(out / "save")], cwd=out, env=env, check=True)
-    tabulate(out / "save" / "cifar10_resnet_38" / "log_train.txt", out / f"authors_code_seed{args.seed}.csv", bits)
+           "AUTHORS_FC_INIT": args.fc_init, "AUTHORS_SCRIPT": script, "AUTHORS_ARCH": arch,
+           "AUTHORS_OPTIONS": options, "OMP_NUM_THREADS": str(args.threads)}
+    subprocess.run([sys.executable, str(code / "launch.py"), *run_args, "--dataset", "cifar10", "--datadir",
+                    str(data), "--workers", "1", "--iters", str(args.iters), "--save_folder", str(out / "save")],
+                   cwd=out, env=env, check=True)
+    tabulate(out / "save" / arch / "log_train.txt", out / f"{name}.csv", bits, args.dfq)
     return 0
 
 

@@ -1,17 +1,69 @@
 """scripts/authors_code.py without the authors' code: the names its gate check gives qtrain's DFQ ResNet-38 state in
 the authors' gated ResNet-38 (``group{stage}_layer{i}``, ``group{stage}_gate{i}`` after block i, ``gate_layer1``
-before the first block, ``control`` for the shared LSTM), written out by hand from their model's attribute names."""
+before the first block, ``control`` for the shared LSTM), written out by hand from their model's attribute names; and
+the edit that restores their gated forward's skip candidate, on a hand-written forward of the same shape, run."""
 
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("authors_code", ROOT / "scripts" / "authors_code.py")
+authors_code = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(authors_code)
+
+# the shape of their models.py: code before the gated ResNet, its forward (where 0 bits makes a skip), then code with the
+# same loops (their gated MobileNetV2's) that must stay as it is
+MODELS = """
+def earlier(bits):
+    return [j for j in range(len(bits))]
+
+class ResNetRecurrentGateSP:
+    def forward(self, prev, block, mask, bits):
+        output_candidates = []
+        # output_candidates.append(prev)
+        for k in range(len(bits)):
+            if bits[k] == 0:
+                output_candidates.append(prev)
+            else:
+                output_candidates.append(block(prev, bits[k]))
+        mask_list = []
+        for j in range(len(bits)):
+            mask_list.append(mask[j])
+        return sum([mask_list[k] * output_candidates[k] for k in range(len(bits))])
+
+def later(bits):
+    seen = []
+    for j in range(len(bits)):
+        seen.append(j)
+    return seen
+"""
+
+
+def test_restore_skip_mixes_the_block_input_first_and_one_candidate_more():
+    namespace: dict = {}
+    exec(authors_code.restore_skip(MODELS), namespace)
+    forward = namespace["ResNetRecurrentGateSP"].forward
+    block = lambda x, bits: x * 10 + bits  # noqa: E731
+    bits = [4, 6]
+    assert forward(None, 1, block, [1, 0, 0], bits) == 1  # option 0: the input itself (skipped)
+    assert forward(None, 1, block, [0, 1, 0], bits) == 14  # option 1: the first run option
+    assert forward(None, 1, block, [0, 0, 1], bits) == 16
+    assert forward(None, 1, block, [0, 1, 0], [0, 0]) == 10  # 0 bits: the block run (in float32 there), not a skip
+    assert namespace["earlier"]([4, 6]) == namespace["later"]([4, 6]) == [0, 1]  # the rest untouched
+    exec(MODELS, namespace)  # as released: two candidates only, the mask's last entry unused
+    assert namespace["ResNetRecurrentGateSP"].forward(None, 1, block, [1, 0, 0], bits) == 14
+
+
+def test_restore_skip_refuses_a_models_file_without_the_lines():
+    with pytest.raises(ValueError, match="output_candidates.append"):
+        authors_code.restore_skip(MODELS.replace("# output_candidates.append(prev)", ""))
+    with pytest.raises(ValueError, match="no class ResNetRecurrentGateSP"):
+        authors_code.restore_skip("class ResNet:\n    pass\n")
 
 
 def test_qtrain_dfq_state_names_map_to_the_authors_gated_resnet():
-    spec = importlib.util.spec_from_file_location("authors_code", ROOT / "scripts" / "authors_code.py")
-    authors_code = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(authors_code)
     from qtrain.config.command_line import compose_config
     from qtrain.methods import build_method
     from qtrain.models import build_model
