@@ -7,7 +7,7 @@ apart: if their code leaves their own log the same way, the data copy or the mac
 the log, qtrain departs from their code.
 
     python scripts/authors_code.py GIT_DIR --data DATA --out OUT [--iters 1950] [--seed 0] [--fc-init torch] [--dfq]
-    python scripts/authors_code.py --log OUT/save/cifar10_resnet_38/log_train.txt --csv FILE [--dfq]   # tabulate only
+    python scripts/authors_code.py --log OUT/authors_code_seed0.log --csv FILE [--dfq]   # tabulate only
 
 GIT_DIR is a git directory of the Tubbz-alt/FracTrain snapshot (as for ``scripts/reference_curves.py``); DATA holds
 ``cifar-10-batches-py/``. Nothing of the authors' code is part of qtrain: the script takes their
@@ -33,8 +33,10 @@ run options to the log's four, FW4/BW6, FW6/BW8, FW6/BW12 and FW8/BW16 (the rele
 FW8/BW8 the log's gates never show). The log is then tabulated as the published gated logs are: the curve and, per
 evaluation, each gated block's option shares (``OUT/<name>_gates.csv``).
 
-The log (``OUT/save/<arch>/log_train.txt``) is tabulated by ``scripts/reference_curves.py``'s own reader into
-``OUT/<name>.csv``, the same columns as ``results/reference/``'s CSVs of the published logs.
+The run's whole output, ``OUT/<name>.log`` (the log's lines and what the script prints besides, the gates' shares
+among them, as in the published logs, which are such captures; ``OUT/save/<arch>/log_train.txt`` holds the log's
+lines only), is tabulated by ``scripts/reference_curves.py``'s own reader into ``OUT/<name>.csv``, the same columns
+as ``results/reference/``'s CSVs of the published logs.
 
 ``--check-layers`` (with GIT_DIR, ``--data`` and ``--out``) compares the two implementations instead of training:
 qtrain's SBM ResNet-38 (FW6/BW8, global activation range, classifier in float32) and the authors' model with the
@@ -535,11 +537,13 @@ def main(argv: list[str] | None = None) -> int:
         options, name = "", f"authors_code_seed{args.seed}"
     env = {**os.environ, "AUTHORS_THREADS": str(args.threads), "AUTHORS_SEED": str(args.seed),
            "AUTHORS_FC_INIT": args.fc_init, "AUTHORS_SCRIPT": script, "AUTHORS_ARCH": arch,
-           "AUTHORS_OPTIONS": options, "OMP_NUM_THREADS": str(args.threads)}
-    subprocess.run([sys.executable, str(code / "launch.py"), *run_args, "--dataset", "cifar10", "--datadir",
-                    str(data), "--workers", "1", "--iters", str(args.iters), "--save_folder", str(out / "save")],
-                   cwd=out, env=env, check=True)
-    tabulate(out / "save" / arch / "log_train.txt", out / f"{name}.csv", bits, args.dfq)
+           "AUTHORS_OPTIONS": options, "OMP_NUM_THREADS": str(args.threads),
+           "PYTHONUNBUFFERED": "1"}  # the printed gate shares stay in order with the logged evaluation
+    with open(out / f"{name}.log", "w") as output:
+        subprocess.run([sys.executable, str(code / "launch.py"), *run_args, "--dataset", "cifar10", "--datadir",
+                        str(data), "--workers", "1", "--iters", str(args.iters), "--save_folder", str(out / "save")],
+                       cwd=out, env=env, stdout=output, stderr=subprocess.STDOUT, check=True)
+    tabulate(out / f"{name}.log", out / f"{name}.csv", bits, args.dfq)
     return 0
 
 
