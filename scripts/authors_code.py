@@ -172,6 +172,9 @@ def tabulate(log: Path, csv: Path, bits: tuple[int, int], dfq: bool = False) -> 
     if not parsed.evals:
         print(f"{log}: no evaluation yet (one comes every 390 iterations)")
         return
+    if dfq and not any(parsed.decisions.values()):
+        raise SystemExit(f"{log}: no gate shares (layerN_decision); the DFQ script prints them: tabulate its whole "
+                         "output (OUT/<name>.log), not save/<arch>/log_train.txt")
     table = epoch_table(parsed, run)
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
