@@ -67,7 +67,7 @@ CODE = "fractrain_cifar"
 FILES = [f"{CODE}/{name}" for name in ("train_base.py", "train_dp_lr.py", "models.py", "data.py", "util_swa.py",
                                         "modules")]
 DFQ_OPTIONS = SKIP_SET[1:]  # the DFQ log's run options (activation, gradient bits); the skip comes first
-DFQ_ARGS = ["--arch", "cifar10_rnn_gate_38", "--target_ratio", "3", "--weight_bits", "4"]  # the DFQ log's run
+DFQ_TARGET_CP, DFQ_WEIGHT_BITS = 3, 4  # the DFQ log's run
 CIFAR = "cifar-10-batches-py"
 LAUNCHER = '''"""qtrain's launcher of the FracTrain authors' training scripts on a CPU (written by scripts/authors_code.py)."""
 import importlib, os, random, sys
@@ -163,8 +163,8 @@ def tabulate(log: Path, csv: Path, bits: tuple[int, int], dfq: bool = False) -> 
     """The log per epoch (390 iterations), as ``scripts/reference_curves.py`` tabulates the published ones; a DFQ
     run's gates beside, in ``<csv stem>_gates.csv``, and printed as each stage's share of block runs skipped."""
     if dfq:
-        run = Run(str(log), csv.stem, "DFQ cp 3 %, 4-bit weights", "the authors' train_dp_lr.py on this machine",
-                  target_cp=3.0, options=SKIP_SET)
+        run = Run(str(log), csv.stem, f"DFQ cp {DFQ_TARGET_CP} %, {DFQ_WEIGHT_BITS}-bit weights",
+                  "the authors' train_dp_lr.py on this machine", target_cp=float(DFQ_TARGET_CP), options=SKIP_SET)
     else:
         run = Run(str(log), csv.stem, f"static FW{bits[0]}/BW{bits[1]}", "the authors' train_base.py on this machine",
                   bits=bits)
@@ -532,19 +532,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = str_keyed_copy(args.data.resolve(), out)
     if args.dfq:
-        script, arch, run_args = "train_dp_lr", "cifar10_rnn_gate_38", DFQ_ARGS
-        options, name = " ".join(f"{a}/{g}" for a, g in DFQ_OPTIONS), f"authors_dfq_seed{args.seed}"
+        script, arch, name = "train_dp_lr", "cifar10_rnn_gate_38", f"authors_dfq_seed{args.seed}"
+        run_args = ["--target_ratio", str(DFQ_TARGET_CP), "--weight_bits", str(DFQ_WEIGHT_BITS)]
+        options = " ".join(f"{a}/{g}" for a, g in DFQ_OPTIONS)
     else:
-        script, arch, run_args = "train_base", "cifar10_resnet_38", ["--arch", "cifar10_resnet_38", "--num_bits",
-                                                                     str(bits[0]), "--num_grad_bits", str(bits[1])]
-        options, name = "", f"authors_code_seed{args.seed}"
+        script, arch, name = "train_base", "cifar10_resnet_38", f"authors_code_seed{args.seed}"
+        run_args, options = ["--num_bits", str(bits[0]), "--num_grad_bits", str(bits[1])], ""
     env = {**os.environ, "AUTHORS_THREADS": str(args.threads), "AUTHORS_SEED": str(args.seed),
            "AUTHORS_FC_INIT": args.fc_init, "AUTHORS_SCRIPT": script, "AUTHORS_ARCH": arch,
            "AUTHORS_OPTIONS": options, "OMP_NUM_THREADS": str(args.threads),
            "PYTHONUNBUFFERED": "1"}  # the printed gate shares stay in order with the logged evaluation
     with open(out / f"{name}.log", "w") as output:
-        subprocess.run([sys.executable, str(code / "launch.py"), *run_args, "--dataset", "cifar10", "--datadir",
-                        str(data), "--workers", "1", "--iters", str(args.iters), "--save_folder", str(out / "save")],
+        subprocess.run([sys.executable, str(code / "launch.py"), "--arch", arch, *run_args, "--dataset", "cifar10",
+                        "--datadir", str(data), "--workers", "1", "--iters", str(args.iters),
+                        "--save_folder", str(out / "save")],
                        cwd=out, env=env, stdout=output, stderr=subprocess.STDOUT, check=True)
     tabulate(out / f"{name}.log", out / f"{name}.csv", bits, args.dfq)
     return 0
