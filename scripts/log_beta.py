@@ -30,10 +30,10 @@ from reference_curves import (  # noqa: E402
     EVAL_EVERY,
     Log,
     Run,
-    _runs,
     at_or_before,
     git,
     parse_log,
+    published_runs,
 )
 
 LR_DROP = 32_000  # the first iteration at learning rate 0.01
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--commit", default=DEFAULT_COMMIT)
     args = ap.parse_args(argv)
     fits = []
-    for run in _runs():
+    for run in published_runs():
         if run.options and run.name.startswith("resnet38_cifar10_"):
             fits += beta_fits(parse_log(git(args.git_dir, "show", f"{args.commit}:{run.path}")), run)
     print(pd.DataFrame(fits).to_markdown(index=False, floatfmt=".3g"))

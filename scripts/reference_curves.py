@@ -95,7 +95,8 @@ def _lc(model: str, data: str, tag: str) -> str:
     return f"{VIS}/learning_curve_dyn/learning_curve/train_logs_{model}_{data}_{tag}.txt"
 
 
-def _runs() -> list[Run]:
+def published_runs() -> list[Run]:
+    """Every published log this script tabulates, with what run it is (log_beta.py reads the same list)."""
     runs = []
     for model in ("resnet38", "resnet74"):
         for data in ("cifar10", "cifar100"):
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     listing = []
-    for run in _runs():
+    for run in published_runs():
         if run.path not in tree:
             print(f"missing at {commit[:12]}: {run.path}", file=sys.stderr)
             continue
