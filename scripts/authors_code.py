@@ -7,6 +7,7 @@ apart: if their code leaves their own log the same way, the data copy or the mac
 the log, qtrain departs from their code.
 
     python scripts/authors_code.py GIT_DIR --data DATA --out OUT [--iters 1950] [--seed 0] [--fc-init torch] [--dfq]
+    python scripts/authors_code.py GIT_DIR --data DATA --out OUT --dfq --iters 3900 --seed 0 --resume  # after a kill
     python scripts/authors_code.py --log OUT/authors_code_seed0.log --csv FILE [--dfq]   # tabulate only
 
 GIT_DIR is a git directory of the Tubbz-alt/FracTrain snapshot (as for ``scripts/reference_curves.py``); DATA holds
@@ -32,6 +33,11 @@ line (:func:`restore_skip`: the block's input as the first candidate, mixed with
 run options to the log's four, FW4/BW6, FW6/BW8, FW6/BW12 and FW8/BW16 (the released list has five, with an
 FW8/BW8 the log's gates never show). The log is then tabulated as the published gated logs are: the curve and, per
 evaluation, each gated block's option shares (``OUT/<name>_gates.csv``).
+
+A DFQ run resumes exactly: ``--resume`` (the same arguments otherwise) continues the run in OUT from its last
+evaluation, every 390 iterations, as if it had not stopped (same batches, same random draws, same printed averages).
+The released script's checkpoints hold the model only; ``scripts/authors_resume.py`` edits it at extraction to save
+and restore the rest (its docstring says how), and the run's output is cut back to that evaluation and continued.
 
 The run's whole output, ``OUT/<name>.log`` (the log's lines and what the script prints besides, the gates' shares
 among them, as in the published logs, which are such captures; ``OUT/save/<arch>/log_train.txt`` holds the log's
@@ -60,7 +66,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import authors_resume  # noqa: E402
 from reference_curves import DEFAULT_COMMIT, SKIP_SET, Run, epoch_table, gate_table, parse_log  # noqa: E402
 
 CODE = "fractrain_cifar"
@@ -84,7 +93,10 @@ seed = int(os.environ["AUTHORS_SEED"])
 torch.manual_seed(seed); random.seed(seed); np.random.seed(seed)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fractrain_cifar"))
 script = importlib.import_module(os.environ["AUTHORS_SCRIPT"])
-import models
+import authors_resume, models
+script.authors_resume = authors_resume
+_prepare_train_data = script.prepare_train_data
+script.prepare_train_data = lambda *a, **k: authors_resume.ResumableLoader(_prepare_train_data(*a, **k))
 arch = os.environ["AUTHORS_ARCH"]
 if os.environ.get("AUTHORS_FC_INIT") == "torch":
     _build = getattr(models, arch)
@@ -112,6 +124,9 @@ def extract_code(git_dir: Path, commit: str, out: Path) -> Path:
     swa.write_text(swa.read_text().replace(".cuda(async=True)", ".cuda()"))
     models = code / CODE / "models.py"
     models.write_text(restore_skip(models.read_text()))
+    gated = code / CODE / "train_dp_lr.py"
+    gated.write_text(authors_resume.make_resumable(gated.read_text()))
+    (code / "authors_resume.py").write_text(Path(authors_resume.__file__).read_text())
     (code / "launch.py").write_text(LAUNCHER)
     return code
 
@@ -159,6 +174,14 @@ def str_keyed_copy(data: Path, out: Path) -> Path:
     return out / "data"
 
 
+def log_until(text: str, iteration: int) -> str:
+    """A run's captured output as it stood when its checkpoint at ``iteration`` was saved: the lines after it (a
+    stopped run's unfinished epoch) are dropped, so that the resumed run's output continues it. The first line the
+    script writes after saving is its learning rate for the iteration after."""
+    head, found, _ = text.partition(f"Iter [{iteration}] learning rate")
+    return head[: head.rfind("\n") + 1] if found else text
+
+
 def tabulate(log: Path, csv: Path, bits: tuple[int, int], dfq: bool = False) -> None:
     """The log per epoch (390 iterations), as ``scripts/reference_curves.py`` tabulates the published ones; a DFQ
     run's gates beside, in ``<csv stem>_gates.csv``, and printed as each stage's share of block runs skipped."""
@@ -201,7 +224,6 @@ def _nearest_gradients(model: Any, their_quantize: Any) -> None:
 
 def check_layers(code: Path, data: Path) -> None:
     """qtrain's quantized ResNet-38 against the authors' on one batch, forward and layer by layer backward."""
-    import torch
     import torch.nn.functional as F
 
     from qtrain.config.command_line import compose_config
@@ -306,7 +328,6 @@ GATE_CHECK = ["experiment=fractrain_table3", "model=resnet38", "data=cifar10", "
 def _gated_pair(their_models: Any, cfg: Any, seed: int, sample: Any) -> tuple[Any, Any, Any]:
     """qtrain's DFQ method and model, built after seeding torch with ``seed`` and profiled on ``sample``, and the
     authors' gated ResNet-38 holding the same weights; both in training mode."""
-    import torch
 
     from qtrain.methods import build_method
     from qtrain.models import build_model
@@ -343,7 +364,6 @@ def _their_cost_term(choices: Any, options: list[tuple[int, int]], weight_bits: 
     """The cost term of ``choices`` (blocks, samples, options) as train_dp.py prices it: an option's forward, error and
     weight-gradient GEMMs at (act x weight, grad x weight, act x grad) bits over 32 x 32 each, every block alike,
     signed by whether the batch's cp reaches ``target``."""
-    import torch
 
     price = torch.tensor([(weight_bits * (a + g) + a * g) / 1024 for a, g in options])
     cost = (choices.sum(1) * price).sum().item()
@@ -355,7 +375,6 @@ def _compare_block(b: int, block: Any, theirs: Any, given: Any, act_bits: list[i
                    their_quantize: Any) -> dict[str, float]:
     """Block ``b`` on both sides, on the same input: its first convolution's input levels at each run option and its
     weight levels (counts differing and compared), the skip path, the gate's embedding and the choice from it."""
-    import torch
     import torch.nn.functional as F
 
     their_block = getattr(theirs, _their_block(b))
@@ -387,7 +406,6 @@ def _block_backward(block: Any, their_block: Any | None, b: int, given: Any, har
     (qtrain's names). Option 0 is the skip, as in the check's option set. With ``their_block`` the authors' block
     runs instead, mixed as their model's forward mixes it (the skip option's output: the input, or the float32
     projection and its batch norm)."""
-    import torch
 
     x = given.clone().requires_grad_()
     probs = torch.full_like(hard, 1 / hard.shape[1]).requires_grad_()
@@ -458,7 +476,6 @@ def check_gates(code: Path, data: Path) -> None:
     qtrain's gates (:func:`_compare_block_backward`). The whole models' outputs are not compared:
     a near-tie that the two round one level apart (qtrain multiplies by the step's inverse, theirs divides) moves the
     batch norm's statistics and the next quantizer's batch-wide range, and with them most later levels."""
-    import torch
 
     from qtrain.config.command_line import compose_config
     from qtrain.data.vision import load_cifar
@@ -511,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-grad-bits", type=int, default=8)
     ap.add_argument("--fc-init", choices=("authors", "torch"), default="authors")
     ap.add_argument("--dfq", action="store_true", help="run (or tabulate) the DFQ log's run of train_dp_lr.py")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --dfq: continue the run in OUT exactly from its last evaluation (after a kill)")
     check = ap.add_mutually_exclusive_group()
     check.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
     check.add_argument("--check-gates", action="store_true", help="compare qtrain's DFQ blocks with their gated model's")
@@ -525,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.git_dir is None or args.data is None or args.out is None:
         ap.error("GIT_DIR, --data and --out are needed to run (or --log and --csv to tabulate)")
+    if args.resume and not args.dfq:
+        ap.error("--resume continues a DFQ run (--dfq); the static script's checkpoints cannot be resumed exactly")
     out = args.out.resolve()
     code = extract_code(args.git_dir, args.commit, out)
     if args.check_layers or args.check_gates:
@@ -542,7 +563,14 @@ def main(argv: list[str] | None = None) -> int:
            "AUTHORS_FC_INIT": args.fc_init, "AUTHORS_SCRIPT": script, "AUTHORS_ARCH": arch,
            "AUTHORS_OPTIONS": options, "OMP_NUM_THREADS": str(args.threads),
            "PYTHONUNBUFFERED": "1"}  # the printed gate shares stay in order with the logged evaluation
-    with open(out / f"{name}.log", "w") as output:
+    log = out / f"{name}.log"
+    if args.resume:
+        checkpoint = out / "save" / arch / "checkpoint_latest.pth.tar"
+        if not checkpoint.is_file() or not log.is_file():
+            ap.error(f"--resume: no run to continue in {out} (needs {checkpoint} and {log})")
+        env["AUTHORS_RESUME"] = str(checkpoint)
+        log.write_text(log_until(log.read_text(), torch.load(checkpoint)["iter"]))
+    with open(log, "a" if args.resume else "w") as output:
         subprocess.run([sys.executable, str(code / "launch.py"), "--arch", arch, *run_args, "--dataset", "cifar10",
                         "--datadir", str(data), "--workers", "1", "--iters", str(args.iters),
                         "--save_folder", str(out / "save")],
