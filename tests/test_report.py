@@ -184,6 +184,19 @@ def test_a_row_of_runs_in_progress_shows_their_last_epoch(tmp_path):
     assert table.loc["pfq", "test_acc_mean"] == pytest.approx(40.0) and table.loc["pfq", "status"] == "stopped"
 
 
+def test_seeds_stopped_at_different_epochs_are_not_averaged_together(tmp_path):
+    fake_run(tmp_path, "seed0", "dfq", [0.2, 0.4], [1e9, 1e9], status=None)
+    fake_run(tmp_path, "seed1", "dfq", [0.2, 0.4, 0.6, 0.7], [1e9] * 4, status=None, seed=1)
+    fake_run(tmp_path, "seed2", "dfq", [0.2, 0.4, 0.6, 0.8], [1e9] * 4, status=None, seed=2)
+    row = summary_frame(run_frame(find_runs([tmp_path]))).iloc[0]
+    assert (row.runs, row.epochs, row.status) == (3, 4, "stopped")
+    assert row.test_acc_mean == pytest.approx(75.0) and row.test_acc_std == pytest.approx(math.sqrt(50))
+    assert row.notes == "figures: the 2 runs at epoch 4"
+    fake_run(tmp_path, "done", "dfq", [0.5], [1e9], seed=3)
+    row = summary_frame(run_frame(find_runs([tmp_path]))).iloc[0]
+    assert row.test_acc_mean == pytest.approx(50.0) and row.notes == "figures: the 1 finished run"
+
+
 def test_a_run_in_progress_reads_its_config_resolved_as_a_finished_one(tmp_path):
     # summary.py resolves the config into summary.json; .hydra/config.yaml keeps sbm.yaml's ${.grad_bits}
     fake_run(tmp_path, "done", "sbm", [0.5], [1e9])

@@ -161,18 +161,29 @@ FINISHED = ("completed", "diverged")
 
 
 def _finished_figures(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` with the figures of unfinished runs blanked in every configuration that has a finished one, so a
-    row's means are its finished runs' (a run still training counts in its row's runs and status, not its figures)."""
+    """``runs`` with the figures blanked of the runs a configuration's means leave out: where it has finished runs,
+    the unfinished ones (a run still training counts in its row's runs and status, not its figures); else the runs
+    short of its furthest epoch, so that seeds stopped at different epochs are not averaged together. A note on each
+    such run says whose figures the row shows."""
     finished = runs.status.isin(FINISHED)
-    others = runs.assign(_finished=finished).groupby(CONFIG_COLUMNS, sort=False, dropna=False)["_finished"]
-    kept = finished | ~others.transform("any")
-    return runs.assign(**{name: runs[name].where(kept) for name in FIGURES})
+    grouped = runs.assign(_finished=finished).groupby(CONFIG_COLUMNS, sort=False, dropna=False)
+    any_finished = grouped["_finished"].transform("any")
+    furthest = grouped["epochs"].transform("max")
+    kept = finished | (~any_finished & (runs.epochs == furthest))
+    shown = kept.groupby([runs[c] for c in CONFIG_COLUMNS], sort=False, dropna=False).transform("sum")
+    notes = runs.notes.copy()
+    for i in runs.index[~kept]:
+        runs_ = "run" if shown[i] == 1 else "runs"
+        whose = f"finished {runs_}" if any_finished[i] else f"{runs_} at epoch {furthest[i]}"
+        notes[i] = "; ".join(filter(None, (notes[i], f"figures: the {shown[i]} {whose}")))
+    return runs.assign(notes=notes, **{name: runs[name].where(kept) for name in FIGURES})
 
 
 def summary_frame(runs: pd.DataFrame, baseline: dict[str, str] | None = None, aggregate: str = "mean") -> pd.DataFrame:
     """``run_frame`` grouped by configuration: runs, status, epochs, each figure's mean and std over seeds and
     folds (``aggregate="best"``: the best run's figures, std empty). Where a configuration has finished runs
-    (completed or diverged), its figures are theirs alone; else those of its runs in progress (last epoch).
+    (completed or diverged), its figures are theirs alone; else those of its runs that got furthest (their last
+    epoch), with a note on how many.
 
     ``baseline`` (``{"method": "sbm"}``, keys of the configuration columns) adds ``savings_mean``: 100·(1 − this
     row's effective MACs / the baseline row's) for the baseline row of the same model and data; and, aggregating
