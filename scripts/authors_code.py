@@ -364,7 +364,6 @@ def _their_cost_term(choices: Any, options: list[tuple[int, int]], weight_bits: 
     """The cost term of ``choices`` (blocks, samples, options) as train_dp.py prices it: an option's forward, error and
     weight-gradient GEMMs at (act x weight, grad x weight, act x grad) bits over 32 x 32 each, every block alike,
     signed by whether the batch's cp reaches ``target``."""
-
     price = torch.tensor([(weight_bits * (a + g) + a * g) / 1024 for a, g in options])
     cost = (choices.sum(1) * price).sum().item()
     cp = cost / choices.shape[1] / (3 * choices.shape[0]) * 100
@@ -406,7 +405,6 @@ def _block_backward(block: Any, their_block: Any | None, b: int, given: Any, har
     (qtrain's names). Option 0 is the skip, as in the check's option set. With ``their_block`` the authors' block
     runs instead, mixed as their model's forward mixes it (the skip option's output: the input, or the float32
     projection and its batch norm)."""
-
     x = given.clone().requires_grad_()
     probs = torch.full_like(hard, 1 / hard.shape[1]).requires_grad_()
     gates = hard - probs.detach() + probs
