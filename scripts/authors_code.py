@@ -35,7 +35,8 @@ FW8/BW8 the log's gates never show). The log is then tabulated as the published 
 evaluation, each gated block's option shares (``OUT/<name>_gates.csv``).
 
 A DFQ run resumes exactly: ``--resume`` (the same arguments otherwise) continues the run in OUT from its last
-evaluation, every 390 iterations, as if it had not stopped (same batches, same random draws, same printed averages).
+evaluation, every 390 iterations, as if it had not stopped (same batches, same random draws, same printed averages),
+with the code it was started with (``OUT/code``, not extracted again).
 The released script's checkpoints hold the model only; ``scripts/authors_resume.py`` edits it at extraction to save
 and restore the rest (its docstring says how), and the run's output is cut back to that evaluation and continued.
 
@@ -545,11 +546,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and not args.dfq:
         ap.error("--resume continues a DFQ run (--dfq); the static script's checkpoints cannot be resumed exactly")
     out = args.out.resolve()
-    code = extract_code(args.git_dir, args.commit, out)
+    code = out / "code" if args.resume else extract_code(args.git_dir, args.commit, out)  # a run keeps its code
     if args.check_layers or args.check_gates:
         (check_layers if args.check_layers else check_gates)(code, args.data.resolve())
         return 0
-    data = str_keyed_copy(args.data.resolve(), out)
     if args.dfq:
         script, arch, name = "train_dp_lr", "cifar10_rnn_gate_38", f"authors_dfq_seed{args.seed}"
         run_args = ["--target_ratio", str(DFQ_TARGET_CP), "--weight_bits", str(DFQ_WEIGHT_BITS)]
@@ -564,10 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     log = out / f"{name}.log"
     if args.resume:
         checkpoint = out / "save" / arch / "checkpoint_latest.pth.tar"
-        if not checkpoint.is_file() or not log.is_file():
-            ap.error(f"--resume: no run to continue in {out} (needs {checkpoint} and {log})")
+        if not checkpoint.is_file() or not log.is_file() or not (code / "launch.py").is_file():
+            ap.error(f"--resume: no run to continue in {out} (needs {checkpoint}, {log} and {code})")
         env["AUTHORS_RESUME"] = str(checkpoint)
         log.write_text(log_until(log.read_text(), torch.load(checkpoint)["iter"]))
+    data = str_keyed_copy(args.data.resolve(), out)
     with open(log, "a" if args.resume else "w") as output:
         subprocess.run([sys.executable, str(code / "launch.py"), "--arch", arch, *run_args, "--dataset", "cifar10",
                         "--datadir", str(data), "--workers", "1", "--iters", str(args.iters),

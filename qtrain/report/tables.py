@@ -174,7 +174,7 @@ def _finished_figures(runs: pd.DataFrame) -> pd.DataFrame:
     notes = runs.notes.copy()
     for i in runs.index[~kept]:
         runs_ = "run" if shown[i] == 1 else "runs"
-        whose = f"finished {runs_}" if any_finished[i] else f"{runs_} at epoch {furthest[i]}"
+        whose = f"finished {runs_}" if any_finished[i] else f"{runs_} at epoch {int(furthest[i])}"
         notes[i] = "; ".join(filter(None, (notes[i], f"figures: the {shown[i]} {whose}")))
     return runs.assign(notes=notes, **{name: runs[name].where(kept) for name in FIGURES})
 
