@@ -39,6 +39,10 @@ RESUME_EDITS = [
 LAUNCH = ("AUTHORS_SEED", "AUTHORS_THREADS", "AUTHORS_OPTIONS", "AUTHORS_FC_INIT")  # what must match to resume
 
 
+def _launch() -> dict[str, str]:
+    return {name: os.environ.get(name, "") for name in LAUNCH}
+
+
 def make_resumable(script_text: str) -> str:
     """``train_dp_lr.py`` with its checkpoints holding the whole run's state and a restart from one (see above).
     Each edit is made once; a text without one of its lines is refused."""
@@ -87,7 +91,7 @@ def run_state(optimizers: Sequence[Any], best_full_prec: float, meters: Sequence
     """What a checkpoint needs beyond the model and the iteration for the run to go on exactly."""
     return {"optimizers": [o.state_dict() for o in optimizers], "best_full_prec": best_full_prec,
             "meters": [dict(vars(m)) for m in meters], "loader": loader.state(),
-            "launch": {name: os.environ.get(name, "") for name in LAUNCH}}
+            "launch": _launch()}
 
 
 def restore_run(path: str, model: Any, optimizers: Sequence[Any], meters: Sequence[Any],
@@ -97,7 +101,7 @@ def restore_run(path: str, model: Any, optimizers: Sequence[Any], meters: Sequen
     state = checkpoint.get("resume")
     if state is None:
         raise SystemExit(f"{path}: this checkpoint holds no run state (written before runs were made resumable)")
-    launch = {name: os.environ.get(name, "") for name in LAUNCH}
+    launch = _launch()
     if state["launch"] != launch:
         raise SystemExit(f"{path}: saved by a run launched with {state['launch']}, not {launch}")
     model.load_state_dict(checkpoint["state_dict"], strict=True)
