@@ -276,3 +276,51 @@ def test_the_per_epoch_gate_tables_show_every_nth_epoch_and_the_last(tmp_path):
         report([str(tmp_path / "runs"), "--reference", str(tmp_path / "ref.csv"), "--gates-every", "0"])
     with pytest.raises(ReportError, match="not allowed without --reference"):
         report([str(tmp_path / "runs"), "--gates-every", "2"])
+
+
+def test_a_reference_of_several_seeds_is_their_mean_with_each_seeds_gates_and_the_seeds_range(runs_and_reference,
+                                                                                               tmp_path):
+    """Two files of one reference run: per epoch their mean (over the files that have the epoch) and range; the
+    gates' shares their mean, each seed's summed up on its own row, and the two seeds set against each other."""
+    root, _ = runs_and_reference
+    first, second = tmp_path / "ref_s0.csv", tmp_path / "ref_s1.csv"
+    pd.DataFrame({"epoch": [1, 2, 3], "train_acc": [28.0, 48.0, 61.0], "cp": [3.0, 3.0, 3.0]}).to_csv(first, index=False)
+    pd.DataFrame({"epoch": [1, 2], "train_acc": [32.0, 50.0], "cp": [3.0, 3.2]}).to_csv(second, index=False)
+    # epoch 3: block 0 skipped by 0.3 / 0.4 of the images (mean 0.35: FW4/BW6's 0.65 leads), block 1 FW6/BW8 1.0 / 0.8
+    pd.DataFrame({"epoch": [3, 3], "block": [0, 1], "opt0_skip": [0.3, 0.0], "opt1_fw4_bw6": [0.7, 0.0],
+                  "opt2_fw6_bw8": [0.0, 1.0]}).to_csv(tmp_path / "ref_s0_gates.csv", index=False)
+    pd.DataFrame({"epoch": [3, 3], "block": [0, 1], "opt0_skip": [0.4, 0.2], "opt1_fw4_bw6": [0.6, 0.0],
+                  "opt2_fw6_bw8": [0.0, 0.8]}).to_csv(tmp_path / "ref_s1_gates.csv", index=False)
+    text = report([str(root), "--reference", str(first), str(second)])
+    name = "mean of ref_s0, ref_s1"
+    epochs = _section(text, f"Against the reference {name} (dfq, 2 runs): per epoch").astype(float).set_index("epoch")
+    assert epochs["train_acc reference"].tolist() == pytest.approx([30.0, 49.0, 61.0])  # epoch 3: seed 0's alone
+    assert epochs["train_acc reference seeds' range"].tolist() == pytest.approx([4.0, 2.0, 0.0])
+    assert epochs["train_acc diff (points)"].tolist() == pytest.approx([2.0, 2.0, -2.0])  # ours 32, 51, 59 %
+    assert epochs["cp reference"].tolist() == pytest.approx([3.0, 3.1, 3.0])
+    shares = _section(text, f"Against the reference {name}: each gated block's most chosen option").set_index("block")
+    assert shares["reference: most chosen"].tolist() == ["FW4/BW6", "FW6/BW8"]
+    assert shares["reference share"].astype(float).tolist() == pytest.approx([0.65, 0.9])
+    gates = _section(text, f"Against the reference {name}: each run's gates per epoch").set_index("run")
+    assert gates.index.tolist() == ["reference", "reference: ref_s0", "reference: ref_s1", "seed 0", "seed 1"]
+    assert gates["skipped: layer1"].astype(float).tolist()[:3] == pytest.approx([0.225, 0.15, 0.3])
+    assert gates.loc["reference: ref_s0", "most chosen as the reference's"] == ""
+    floor = _section(text, f"Against the reference {name}: the gate target's noise floor").set_index("compared")
+    # block 0: FW4/BW6 by both (0.7 against 0.6, inside the band), block 1: FW6/BW8 (1.0 against 0.8, outside)
+    assert floor.loc["ref_s1 against ref_s0", FLOOR].tolist() == ["2/2", "2/2", "1/2"]
+
+
+@pytest.mark.parametrize("second,message", [
+    (pd.DataFrame({"epoch": [1], "train_loss": [2.0], "cp_source": ["logged"]}), "all be gated runs' logs or none"),
+    (None, "a file is named twice"),
+])
+def test_a_reference_of_several_seeds_refuses_mixed_logs_and_a_file_named_twice(runs_and_reference, tmp_path,
+                                                                                second, message):
+    root, reference = runs_and_reference
+    other = reference
+    if second is not None:
+        other = tmp_path / "other" / "ref_s1.csv"
+        other.parent.mkdir()
+        second.to_csv(other, index=False)
+    with pytest.raises(ReportError, match=message):
+        report([str(root), "--reference", str(reference), str(other)])

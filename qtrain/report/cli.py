@@ -58,10 +58,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="write the runs table as a LaTeX tabular (needs \\usepackage{booktabs}); with --paper, "
                              "each paper table too, as FILE's name + '-TABLE', one tabular per part")
     parser.add_argument("--plots", type=Path, metavar="OUT", help="write the plots as PNG and report.html into OUT")
-    parser.add_argument("--reference", type=Path, metavar="FILE",
-                        help="a reference learning curve (e.g. results/reference/*.csv): the runs (the seeds of one "
-                             "configuration) epoch by epoch beside it, the differences' mean and largest size, its "
-                             "gate shares where it has them, and with --plots the curves over it")
+    parser.add_argument("--reference", type=Path, nargs="+", metavar="FILE",
+                        help="a reference learning curve (e.g. results/reference/*.csv), or one file per seed of the "
+                             "reference's run (their mean, with each seed's gates and the seeds' range): the runs (the "
+                             "seeds of one configuration) epoch by epoch beside it, the differences' mean and largest "
+                             "size, its gate shares where it has them, and with --plots the curves over it")
     parser.add_argument("--reference-from", type=int, default=1, metavar="EPOCH",
                         help="with --reference, the first epoch the differences' mean and largest size count (default 1)")
     parser.add_argument("--shares-at", type=int, nargs="+", default=[], metavar="EPOCH",
@@ -241,8 +242,9 @@ def _reference_sections(args: argparse.Namespace, runs: list[Run]) -> tuple[Refe
         return None, []
     if args.gates_every < 1:
         raise ReportError(f"--gates-every {args.gates_every} is not allowed: give a whole number from 1")
-    if not args.reference.is_file():
-        raise ReportError(f"--reference {args.reference} is not allowed: no such file (give a reference curve's CSV)")
+    for path in args.reference:
+        if not path.is_file():
+            raise ReportError(f"--reference {path} is not allowed: no such file (give a reference curve's CSV)")
     from qtrain.report.figure_style import by_config
     from qtrain.report.reference import difference_table, gates_table, load_reference, noise_floor_table, shares_table
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -33,12 +33,14 @@ OPTION = re.compile(r"opt\d+_(?:(skip)|fw([\d.]+)_bw([\d.]+))")
 
 @dataclass
 class Reference:
-    """A reference curve: its per-epoch figures (indexed by epoch) and, where given, its gates' option shares."""
+    """A reference curve: its per-epoch figures (indexed by epoch) and, where given, its gates' option shares; for
+    several runs of one reference (its seeds), their means, with each run's own in ``seeds``."""
 
     name: str
     curve: pd.DataFrame
     shares: pd.DataFrame | None
     loss_with_cost: bool = False  # the logged training loss holds the gated runs' signed cost term
+    seeds: list[Reference] = field(default_factory=list)
 
 
 def _read(path: Path, what: str) -> pd.DataFrame:
@@ -49,7 +51,25 @@ def _read(path: Path, what: str) -> pd.DataFrame:
         raise ReportError(f"--reference {path} is not allowed: {what} cannot be read as CSV ({reason})") from None
 
 
-def load_reference(path: Path) -> Reference:
+def load_reference(paths: list[Path]) -> Reference:
+    """The reference curve in ``paths`` (one file, or one file per seed of the reference's run: then each epoch's
+    figures and each block's shares are the mean over the files that have them) and the gates file beside each.
+    The files' format: :func:`_load_one`."""
+    seeds = [_load_one(path) for path in paths]
+    if len(seeds) == 1:
+        return seeds[0]
+    if len({seed.name for seed in seeds}) < len(seeds):
+        raise ReportError(f"--reference {' '.join(map(str, paths))} is not allowed: a file is named twice")
+    if len({seed.loss_with_cost for seed in seeds}) > 1:
+        raise ReportError(f"--reference {' '.join(map(str, paths))} is not allowed: the seeds of one reference must "
+                          "all be gated runs' logs or none (their training loss is counted differently)")
+    curve = pd.concat([seed.curve for seed in seeds]).groupby(level=0).mean()
+    gated = [seed.shares for seed in seeds if seed.shares is not None]
+    shares = pd.concat(gated).groupby(["epoch", "block", "option"], as_index=False).share.mean() if gated else None
+    return Reference(f"mean of {', '.join(seed.name for seed in seeds)}", curve, shares, seeds[0].loss_with_cost, seeds)
+
+
+def _load_one(path: Path) -> Reference:
     """The reference curve in ``path`` and its gates file (``<stem>_gates.csv`` beside it), if there is one.
 
     The curve's columns, in the logs' own units: ``epoch`` (1 for the first), and any of ``train_loss`` and
@@ -133,6 +153,10 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
         seeds = _per_run(runs, column).reindex(common) * scale
         if seeds.shape[1] > 1:  # the noise floor: how far the seeds lie apart (in the figure's own unit)
             rows[f"{column} seeds' range"] = seeds.max(axis=1) - seeds.min(axis=1)
+        if reference.seeds:  # and the reference's own seeds
+            theirs_seeds = pd.concat([seed.curve[column] for seed in reference.seeds if column in seed.curve],
+                                     axis=1).reindex(common)
+            rows[f"{column} reference seeds' range"] = theirs_seeds.max(axis=1) - theirs_seeds.min(axis=1)
         counted = diff[diff.index >= first]
         if not counted.empty:
             summary.append({"figure": column, "difference": "ours - reference" + (" (points)" if how == "points" else
@@ -240,6 +264,7 @@ class _GateEpoch:
     reference: pd.DataFrame
     runs: list[tuple[Run, pd.DataFrame, str]]  # (run, its shares, what they are of: :func:`_block_shares`)
     stages: pd.Series
+    reference_seeds: list[tuple[str, pd.DataFrame]]  # a reference of several seeds: each one's (name, shares)
 
 
 def _gate_epochs(runs: list[Run], reference: Reference, every: int = 1) -> list[_GateEpoch]:
@@ -253,14 +278,18 @@ def _gate_epochs(runs: list[Run], reference: Reference, every: int = 1) -> list[
         found = [(run, *shares) for run in runs if (shares := _block_shares(run, epoch)) is not None]
         if theirs.empty or not found:
             continue
+        seeds = [(seed.name, blocks) for seed in reference.seeds if seed.shares is not None
+                 and not (blocks := _reference_blocks(seed, epoch)).empty]
         blocks = theirs.index
-        for _, ours, _, _ in found:
+        for ours in [ours for _, ours, _, _ in found] + [theirs for _, theirs in seeds]:
             blocks = blocks.intersection(ours.index)
         options = sorted({"skipped", *theirs.columns, *(c for _, ours, _, _ in found for c in ours.columns)}, key=_bits)
         epochs.append(_GateEpoch(epoch, theirs.reindex(index=blocks, columns=options, fill_value=0.0),
                                  [(run, ours.reindex(index=blocks, columns=options, fill_value=0.0), of)
                                   for run, ours, of, _ in found],
-                                 found[0][3].loc[blocks]))  # the runs are one configuration: one set of blocks
+                                 found[0][3].loc[blocks],  # the runs are one configuration: one set of blocks
+                                 [(name, shares.reindex(index=blocks, columns=options, fill_value=0.0))
+                                  for name, shares in seeds]))
     return [gates for gates in epochs if gates.epoch % every == 0 or gates is epochs[-1]]
 
 
@@ -270,33 +299,39 @@ def _run_label(run: Run) -> str:
 
 def gates_table(runs: list[Run], reference: Reference, every: int = 1) -> pd.DataFrame:
     """Per epoch both have gate shares for (every ``every``-th and the last), each run's gates summed up beside the
-    reference's, over the blocks that the reference and every run have: the share of the samples that skip each
-    stage's blocks (mean over its blocks) and each option's share over every block's samples, the blocks that run
-    for under 0.1 % of the samples; for the runs, how many blocks agree with the reference's (:func:`_agreement`)."""
+    reference's (and, for a reference of several seeds, each seed's), over the blocks that the reference and every
+    run have: the share of the samples that skip each stage's blocks (mean over its blocks) and each option's share
+    over every block's samples, the blocks that run for under 0.1 % of the samples; for the runs, how many blocks
+    agree with the reference's (:func:`_agreement`)."""
     rows = []
     for gates in _gate_epochs(runs, reference, every):
         blocks = gates.reference.index
-        for run, shares, of in [(None, gates.reference, "")] + gates.runs:
-            row = {"epoch": gates.epoch, "run": "reference" if run is None else _run_label(run), "of": of}
+        # (label, shares, what they are of, agreement with the reference's): its own rows have none
+        sides = [("reference", gates.reference, "", [""] * len(AGREEMENT))]
+        sides += [(f"reference: {name}", shares, "", [""] * len(AGREEMENT)) for name, shares in gates.reference_seeds]
+        sides += [(_run_label(run), shares, of, _agreement(shares, gates.reference)) for run, shares, of in gates.runs]
+        for label, shares, of, agreement in sides:
+            row = {"epoch": gates.epoch, "run": label, "of": of}
             row.update({f"skipped: {stage}": share
                         for stage, share in shares.skipped.groupby(gates.stages.to_numpy(), sort=False).mean().items()})
             row.update({f"{option}: all blocks": shares[option].mean() for option in shares.columns})
             # a gate stuck on skipping: the blocks that run for under 0.1 % of the samples
             row["blocks skipped by over 99.9 %"] = " ".join(map(str, blocks[shares.skipped > 0.999]))
-            # the reference's row has no agreement with itself
-            agreement = [""] * len(AGREEMENT) if run is None else _agreement(shares, gates.reference)
             rows.append({**row, **dict(zip(AGREEMENT, agreement))})
     return pd.DataFrame(rows)
 
 
 def noise_floor_table(runs: list[Run], reference: Reference, every: int = 1) -> pd.DataFrame:
     """The gate target's noise floor, per epoch of :func:`gates_table`: the reference's gates against its own at the
-    epoch before, and each pair of runs' against each other, counted as :func:`_agreement` counts, over the blocks
-    that table counts (and, for the reference, its file has at both epochs)."""
+    epoch before, each pair of the reference's seeds' (where it has several) and each pair of runs' against each
+    other, counted as :func:`_agreement` counts, over the blocks that table counts (and, for the reference against
+    its previous epoch, its files have at both epochs)."""
     rows = []
     for gates in _gate_epochs(runs, reference, every):
         pairs = [(f"its epoch {gates.epoch - 1}", _reference_blocks(reference, gates.epoch - 1),
                   "the reference", gates.reference)]
+        pairs += [(first, theirs, second, ours)
+                  for (first, theirs), (second, ours) in itertools.combinations(gates.reference_seeds, 2)]
         pairs += [(_run_label(first), theirs, _run_label(second), ours)
                   for (first, theirs, _), (second, ours, _) in itertools.combinations(gates.runs, 2)]
         for first, theirs, second, ours in pairs:
@@ -333,7 +368,12 @@ def reference_plot(runs: list[Run], reference: Reference, out: Path) -> Path | N
         axes = fig.add_subplot(1, len(panels), i + 1)
         theirs = reference.curve[column].dropna().loc[:last]  # the reference over the runs' epochs only
         axes.plot(theirs.index, theirs, color="black", linestyle="--", linewidth=1.2, marker="x", markersize=4,
-                  label=f"reference: {reference.name}")
+                  label=f"reference: {reference.name}" + (" (band: its seeds' range)" if reference.seeds else ""))
+        seeds = [seed.curve[column] for seed in reference.seeds if column in seed.curve]
+        if seeds:  # the reference's seeds' band, as ours
+            spread = pd.concat(seeds, axis=1).reindex(theirs.index)
+            axes.fill_between(theirs.index, spread.min(axis=1), spread.max(axis=1), color="black", alpha=0.12,
+                              linewidth=0)
         mine = [run for run in runs if column in run.metrics]
         if column == "train_loss" and reference.loss_with_cost:  # as the table: loss + cost term, the log's footing
             mine = [_with_objective(run) for run in mine]
