@@ -58,8 +58,10 @@ def load_reference(paths: list[Path]) -> Reference:
     seeds = [_load_one(path) for path in paths]
     if len(seeds) == 1:
         return seeds[0]
-    if len({seed.name for seed in seeds}) < len(seeds):
-        raise ReportError(f"--reference {' '.join(map(str, paths))} is not allowed: a file is named twice")
+    names = [seed.name for seed in seeds]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise ReportError(f"--reference {' '.join(map(str, paths))} is not allowed: two files are named "
+                          f"{', '.join(twice)} (each seed's rows are told apart by its file's name)")
     if len({seed.loss_with_cost for seed in seeds}) > 1:
         raise ReportError(f"--reference {' '.join(map(str, paths))} is not allowed: the seeds of one reference must "
                           "all be gated runs' logs or none (their training loss is counted differently)")
@@ -156,7 +158,8 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
         if reference.seeds:  # and the reference's own seeds
             theirs_seeds = pd.concat([seed.curve[column] for seed in reference.seeds if column in seed.curve],
                                      axis=1).reindex(common)
-            rows[f"{column} reference seeds' range"] = theirs_seeds.max(axis=1) - theirs_seeds.min(axis=1)
+            spread = theirs_seeds.max(axis=1) - theirs_seeds.min(axis=1)
+            rows[f"{column} reference seeds' range"] = spread.where(theirs_seeds.notna().sum(axis=1) > 1)  # one: none
         counted = diff[diff.index >= first]
         if not counted.empty:
             summary.append({"figure": column, "difference": "ours - reference" + (" (points)" if how == "points" else
@@ -278,8 +281,8 @@ def _gate_epochs(runs: list[Run], reference: Reference, every: int = 1) -> list[
         found = [(run, *shares) for run in runs if (shares := _block_shares(run, epoch)) is not None]
         if theirs.empty or not found:
             continue
-        seeds = [(seed.name, blocks) for seed in reference.seeds if seed.shares is not None
-                 and not (blocks := _reference_blocks(seed, epoch)).empty]
+        seeds = [(seed.name, shares) for seed in reference.seeds if seed.shares is not None
+                 and not (shares := _reference_blocks(seed, epoch)).empty]
         blocks = theirs.index
         for ours in [ours for _, ours, _, _ in found] + [theirs for _, theirs in seeds]:
             blocks = blocks.intersection(ours.index)
