@@ -325,3 +325,16 @@ def test_a_reference_of_several_seeds_refuses_mixed_logs_and_a_file_named_twice(
         second.to_csv(other, index=False)
     with pytest.raises(ReportError, match=message):
         report([str(root), "--reference", str(reference), str(other)])
+
+
+def test_our_seeds_range_is_none_where_one_run_has_the_epoch(tmp_path):
+    root = tmp_path / "runs"
+    for seed, train_acc in ((0, [0.31, 0.52, 0.58]), (1, [0.33, 0.50])):  # seed 1 stopped after epoch 2
+        fake_run(root, f"dfq{seed}", "dfq", [0.4, 0.5, 0.6][:len(train_acc)], [1e9] * len(train_acc), seed=seed,
+                 model="resnet38", data="cifar10", metrics_extra={"train_acc": train_acc})
+    reference = tmp_path / "ref.csv"
+    pd.DataFrame(REFERENCE).to_csv(reference, index=False)
+    text = report([str(root), "--reference", str(reference)])
+    epochs = _section(text, "Against the reference ref (dfq, 2 runs): per epoch").astype(float).set_index("epoch")
+    assert epochs["train_acc seeds' range"].tolist() == pytest.approx([2.0, 2.0, math.nan], nan_ok=True)
+    assert epochs["train_acc ours"].tolist() == pytest.approx([32.0, 51.0, 58.0])  # epoch 3: seed 0's alone

@@ -154,12 +154,10 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
         rows[f"{column} ours"], rows[f"{column} reference"], rows[f"{column} diff ({unit})"] = a, b, diff
         seeds = _per_run(runs, column).reindex(common) * scale
         if seeds.shape[1] > 1:  # the noise floor: how far the seeds lie apart (in the figure's own unit)
-            rows[f"{column} seeds' range"] = seeds.max(axis=1) - seeds.min(axis=1)
+            rows[f"{column} seeds' range"] = _seeds_range(seeds)
         if reference.seeds:  # and the reference's own seeds
-            theirs_seeds = pd.concat([seed.curve[column] for seed in reference.seeds if column in seed.curve],
-                                     axis=1).reindex(common)
-            spread = theirs_seeds.max(axis=1) - theirs_seeds.min(axis=1)
-            rows[f"{column} reference seeds' range"] = spread.where(theirs_seeds.notna().sum(axis=1) > 1)  # one: none
+            rows[f"{column} reference seeds' range"] = _seeds_range(pd.concat(
+                [seed.curve[column] for seed in reference.seeds if column in seed.curve], axis=1).reindex(common))
         counted = diff[diff.index >= first]
         if not counted.empty:
             summary.append({"figure": column, "difference": "ours - reference" + (" (points)" if how == "points" else
@@ -175,6 +173,11 @@ def difference_table(runs: list[Run], reference: Reference, first: int = 1) -> t
 def _network_order(name: str) -> list[int]:
     """A layer's place in the network from the numbers in its name (``layer2.10`` after ``layer2.9``)."""
     return [int(n) for n in re.findall(r"\d+", name)]
+
+
+def _seeds_range(seeds: pd.DataFrame) -> pd.Series:
+    """Per epoch (row), how far the seeds (columns) lie apart; none where fewer than two have the epoch."""
+    return (seeds.max(axis=1) - seeds.min(axis=1)).where(seeds.notna().sum(axis=1) > 1)
 
 
 def _block_shares(run: Run, epoch: int) -> tuple[pd.DataFrame, str, pd.Series] | None:
