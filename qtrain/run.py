@@ -117,8 +117,9 @@ class Preflight:
     initial: dict[str, torch.Tensor] | None  # model weights from train.init_from
 
 
-def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
-    """Every check that needs no data: the run's and the method's values, ``train.init_from``, the directory."""
+def preflight(cfg: DictConfig, run_dir: str | Path, initial: dict[str, torch.Tensor] | None = None) -> Preflight:
+    """Every check that needs no data: the run's and the method's values, ``train.init_from`` (unless ``initial`` is
+    the state it names, read by the caller), the directory."""
     validate(cfg)
     task, needs = DATASETS[cfg.data.name], model_task(cfg.model.name)
     if task != needs:
@@ -128,17 +129,21 @@ def preflight(cfg: DictConfig, run_dir: str | Path) -> Preflight:
                           f"(its datasets: {', '.join(fits)})")
     device = distributed.check_launch(_device(cfg.device))
     method = build_method(cfg.method)
-    initial = None if cfg.train.init_from is None else initial_weights(cfg.train.init_from)
+    if initial is None and cfg.train.init_from is not None:
+        initial = initial_weights(cfg.train.init_from)
     check_writable(run_dir)
     return Preflight(device, method, initial)
 
 
-def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None,
+        initial: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Train (or resume, or just report) the run that ``cfg`` describes in ``run_dir``; return its summary.
 
-    ``overrides`` (the command line's) are written to ``.hydra/overrides.yaml`` beside the config.
+    ``overrides`` (the command line's) are written to ``.hydra/overrides.yaml`` beside the config. ``initial``: the
+    model state to start from where no qtrain run holds it (``scripts/crossover.py``: another code's state), in place
+    of ``train.init_from``'s, which then only names where it came from.
     """
-    plan = preflight(cfg, run_dir)
+    plan = preflight(cfg, run_dir, initial)
     keep_freed_memory()
     distributed.setup(plan.device)
     files = RunFiles(run_dir)
@@ -207,17 +212,28 @@ def _train(cfg: DictConfig, files: RunFiles, plan: Preflight, checkpoint: dict[s
 
 
 def _model(cfg: DictConfig, plan: Preflight, inputs: dict[str, Any]) -> nn.Module:
-    """The model on the run's device, with ``train.init_from``'s weights where given, prepared by the method."""
+    """The model on the run's device, prepared by the method, with ``train.init_from``'s weights where given: a float32
+    run's load before the method prepares the model, a run's of the same method (its gates and quantizers' state with
+    its weights) after."""
     model = build_model(cfg.model.name, cfg.model, **inputs).to(plan.device)
-    if plan.initial is not None:
-        ours = model.state_dict()
-        if plan.initial.keys() != ours.keys() or any(plan.initial[k].shape != ours[k].shape for k in ours):
+    initial = plan.initial
+    if initial is not None and _fits(initial, model):
+        model.load_state_dict(initial)
+        initial = None
+    model = plan.method.prepare(model).to(plan.device)  # what prepare added (quantizer buffers, gates) joins the device
+    if initial is not None:
+        if not _fits(initial, model):
             sizes = ", ".join(f"{key} {value}" for key, value in inputs.items())
             raise ConfigError(f"train.init_from={cfg.train.init_from} is not allowed: its weights do not fit this model "
                               f"({cfg.model.name}, {sizes}; pre-train a float32 run of the same model on data of the "
-                              "same sizes)")
-        model.load_state_dict(plan.initial)
-    return plan.method.prepare(model).to(plan.device)  # what prepare added (quantizer buffers, gates) joins the model's device
+                              f"same sizes, or a {cfg.method.name} run of it)")
+        model.load_state_dict(initial)
+    return model
+
+
+def _fits(state: dict[str, torch.Tensor], model: nn.Module) -> bool:
+    ours = model.state_dict()
+    return state.keys() == ours.keys() and all(state[k].shape == ours[k].shape for k in ours)
 
 
 def _streams(cfg: DictConfig, data: Any, device: torch.device) -> tuple[Stream, Stream]:

@@ -8,6 +8,7 @@ the log, qtrain departs from their code.
 
     python scripts/authors_code.py GIT_DIR --data DATA --out OUT [--iters 1950] [--seed 0] [--fc-init torch] [--dfq]
     python scripts/authors_code.py GIT_DIR --data DATA --out OUT --dfq --iters 3900 --seed 0 --resume  # after a kill
+    python scripts/authors_code.py GIT_DIR --data DATA --out OUT --dfq --iters 4680 --start-from CHECKPOINT  # crossover
     python scripts/authors_code.py --log OUT/authors_code_seed0.log --csv FILE [--dfq]   # tabulate only
 
 GIT_DIR is a git directory of the Tubbz-alt/FracTrain snapshot (as for ``scripts/reference_curves.py``); DATA holds
@@ -33,6 +34,10 @@ line (:func:`restore_skip`: the block's input as the first candidate, mixed with
 run options to the log's four, FW4/BW6, FW6/BW8, FW6/BW12 and FW8/BW16 (the released list has five, with an
 FW8/BW8 the log's gates never show). The log is then tabulated as the published gated logs are: the curve and, per
 evaluation, each gated block's option shares (``OUT/<name>_gates.csv``).
+
+``--start-from CHECKPOINT`` (with ``--dfq``) trains on from a model checkpoint (``scripts/crossover.py
+to-authors`` writes one from a qtrain run) through their script's own ``--resume FILE --proceed True``: the model
+only, with fresh optimizers and log averages, counting iterations on from the checkpoint's.
 
 A DFQ run resumes exactly: ``--resume`` (the same arguments otherwise) continues the run in OUT from its last
 evaluation, every 390 iterations, as if it had not stopped (same batches, same random draws, same printed averages),
@@ -529,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dfq", action="store_true", help="run (or tabulate) the DFQ log's run of train_dp_lr.py")
     ap.add_argument("--resume", action="store_true",
                     help="with --dfq: continue the run in OUT exactly from its last evaluation (after a kill)")
+    ap.add_argument("--start-from", type=Path, metavar="CHECKPOINT",
+                    help="with --dfq: train on from CHECKPOINT's model (scripts/crossover.py to-authors) with fresh "
+                         "optimizers, through their script's own --resume")
     check = ap.add_mutually_exclusive_group()
     check.add_argument("--check-layers", action="store_true", help="compare qtrain's quantized layers with theirs")
     check.add_argument("--check-gates", action="store_true", help="compare qtrain's DFQ blocks with their gated model's")
@@ -545,6 +553,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("GIT_DIR, --data and --out are needed to run (or --log and --csv to tabulate)")
     if args.resume and not args.dfq:
         ap.error("--resume continues a DFQ run (--dfq); the static script's checkpoints cannot be resumed exactly")
+    start = None
+    if args.start_from is not None:
+        if not args.dfq or args.resume:
+            ap.error("--start-from starts a DFQ run (--dfq) afresh from a checkpoint; it does not go with --resume")
+        if not args.start_from.is_file():
+            ap.error(f"--start-from {args.start_from} is not allowed: no such file")
+        start = torch.load(args.start_from, map_location="cpu", weights_only=False)["iter"]  # a file of one's own
+        if args.iters <= start:
+            ap.error(f"--iters {args.iters} is not allowed: the checkpoint is at iteration {start}; give more")
     out = args.out.resolve()
     code = out / "code" if args.resume else extract_code(args.git_dir, args.commit, out)  # a run keeps its code
     if args.check_layers or args.check_gates:
@@ -553,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dfq:
         script, arch, name = "train_dp_lr", "cifar10_rnn_gate_38", f"authors_dfq_seed{args.seed}"
         run_args = ["--target_ratio", str(DFQ_TARGET_CP), "--weight_bits", str(DFQ_WEIGHT_BITS)]
+        if start is not None:
+            run_args += ["--resume", str(args.start_from.resolve()), "--proceed", "True"]
         options = " ".join(f"{a}/{g}" for a, g in DFQ_OPTIONS)
     else:
         script, arch, name = "train_base", "cifar10_resnet_38", f"authors_code_seed{args.seed}"

@@ -428,3 +428,27 @@ def test_a_checkpoint_on_a_full_disk_is_the_no_space_error():
     with pytest.raises(OSError) as caught:
         qtrain.results.save_state({"weights": torch.randn(300_000)}, Path("/dev/full"))
     assert caught.value.errno == errno.ENOSPC
+
+
+def test_a_run_starts_from_a_state_of_its_own_methods_model():
+    """``train.init_from`` (or ``run(initial=...)``) with a DFQ run's state: its gates and quantizers' ranges load
+    after the method has prepared the model, where a float32 run's weights load before."""
+    from qtrain.data import load_data
+    from qtrain.methods import build_method
+    from qtrain.models import build_model
+    from qtrain.run import Preflight, _model
+
+    cfg = make_config(*TINY, "method=dfq", "train.init_from=/elsewhere")
+    inputs = load_data(cfg.data).model_inputs()
+    torch.manual_seed(1)
+    donor = build_method(cfg.method).prepare(build_model(cfg.model.name, cfg.model, **inputs)).state_dict()
+    torch.manual_seed(2)
+    fresh = build_method(cfg.method).prepare(build_model(cfg.model.name, cfg.model, **inputs)).state_dict()
+    gate = next(k for k in donor if k.startswith("gate_controller."))
+    assert not torch.equal(donor[gate], fresh[gate])  # the seeds draw different gates
+    model = _model(cfg, Preflight(torch.device("cpu"), build_method(cfg.method), donor), inputs)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in donor.items())
+    misfit = {k: v for k, v in donor.items() if k != gate}
+    with pytest.raises(ConfigError, match="train.init_from=/elsewhere is not allowed: its weights do not fit this "
+                                          r"model \(resnet20, .* or a dfq run of it\)"):
+        _model(cfg, Preflight(torch.device("cpu"), build_method(cfg.method), misfit), inputs)
