@@ -9,6 +9,8 @@ learning from a state is what crossing them tells: give each code the other's ep
     python scripts/authors_code.py GIT_DIR --data DATA --out OUT --dfq --iters 4680 --seed S --start-from FILE
     python scripts/crossover.py to-qtrain CHECKPOINT --out RUN_DIR [--epochs 2] data.root=DATA seed=S
     python scripts/crossover.py shares [--authors CSV...] [--qtrain RUN_DIR...]
+    python scripts/crossover.py check RUN_DIR CHECKPOINT --code CODE [--images 10000]
+    python scripts/crossover.py step RUN_DIR --code CODE [--samples 128] [--seed 0]
 
 ``to-authors`` writes a checkpoint of the authors' gated ResNet-38 (``cifar10_rnn_gate_38``) holding the state of the
 qtrain DFQ run in RUN_DIR (cp 3 %, 4-bit weights: the DFQ log's run) at its last checkpoint, which their script starts
@@ -25,6 +27,21 @@ Further arguments are qtrain overrides (the data's folder, the seed).
 ``shares`` prints, per epoch of each run given, each stage's share of block runs skipped on the test split (the
 gates' choices there, as the authors' logs count them) and the train and test top-1: the authors' runs from their
 tabulated gates (``OUT/<name>_gates.csv`` and the epoch table beside it), qtrain's from their run directories.
+
+``check`` tells whether the mapping holds at full scale: it evaluates qtrain's run (RUN_DIR's last state) and the
+authors' checkpoint each in both models, qtrain's and theirs (with the state mapped), on the first ``--images``
+test images, each state with its own code's input normalization (theirs divides by the std 0.2023/0.1994/0.2010,
+qtrain by CIFAR-10's 0.247/0.244/0.262; a model in evaluation reads its inputs through batch-norm statistics
+gathered at its code's scale), and prints each model's top-1, how often the two models' predictions and gate
+choices agree, and each stage's skip share.
+
+``step`` compares one training step of the two codes from RUN_DIR's last state: both models in training mode on
+the same batch of ``--samples`` training images drawn with ``--seed`` (no augmentation), each code's loss (the task's
+and the cost term, signed by the batch's cp as each code signs it), both sides' gradient rounding at nearest; it
+prints, per group of parameters (the gates' LSTM and projection, their embeddings, each stage's blocks, the batch
+norms, the first convolution and the classifier), the cosine and the norm ratio of qtrain's gradient to theirs, and
+the same for qtrain against itself on the batch scaled by 1 + 2**-20 (the floor that near-ties set: a value that
+lies that near a rounding boundary moves a level, and with it a batch's range and statistics downstream).
 
 The state maps as ``scripts/authors_code.py --check-gates`` maps a qtrain model into theirs (its
 ``_their_gated_names``), and each quantizer's running activation range between qtrain's (low, high) and their zero
@@ -48,6 +65,7 @@ RANGE = ".quant.act.running_range"  # qtrain's (low, high) of a quantized convol
 TRACKED = ".quant.act.tracked"
 THEIR_RANGE = ".quantize_input_fw.running_range"  # theirs: the width, and the low end as the zero point
 THEIR_ZERO = ".quantize_input_fw.running_zero_point"
+THEIR_NORMALIZATION = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))  # their data.py's CIFAR mean and std
 ITERS_PER_EPOCH = 390  # their script's evaluation interval, an epoch in its log
 
 
@@ -160,6 +178,146 @@ def train_ours(checkpoint: Path, out: Path, epochs: int, overrides: list[str]) -
     print(f"{out}: {summary['status']}")
 
 
+CHUNK = 1000  # test images evaluated at once
+
+
+def _evaluate(method: Any, ours: Any, theirs: Any, data: Any, stats: tuple, images: int) -> dict[str, float]:
+    """Both models in evaluation on the first ``images`` test images normalized by ``stats``: each one's top-1, the
+    share of samples they predict alike and of block decisions they take alike, and each model's share of stage 3's
+    block runs skipped."""
+    from authors_code import DFQ_OPTIONS
+
+    ours.eval()
+    theirs.eval()
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in stats)
+    counts = torch.zeros(6)
+    for first in range(0, images, CHUNK):
+        x = (data.test.images[first:min(images, first + CHUNK)].float() / data.pixel_max - mean) / std
+        y = data.test.labels[first:first + len(x)].long()
+        with torch.no_grad():
+            mine = ours(x)
+            my_choices = torch.stack([block.gates.argmax(-1) for block in method.blocks])  # (blocks, samples)
+            yours, masks = theirs(x, [a for a, _ in DFQ_OPTIONS], [g for _, g in DFQ_OPTIONS])
+        your_choices = torch.stack([torch.stack([m.reshape(-1) for m in block]).argmax(0) for block in masks])
+        stage3 = slice(2 * len(masks) // 3, len(masks))
+        per_sample = [(mine.argmax(1) == y).float(), (yours.argmax(1) == y).float(),
+                      (mine.argmax(1) == yours.argmax(1)).float(), (my_choices == your_choices).float().mean(0),
+                      (my_choices[stage3] == 0).float().mean(0), (your_choices[stage3] == 0).float().mean(0)]
+        counts += torch.stack([values.sum() for values in per_sample])
+    shares = (100 * counts / images).tolist()
+    return dict(zip(("top-1 qtrain", "top-1 theirs", "predictions alike", "gate choices alike",
+                     "stage 3 skipped qtrain", "stage 3 skipped theirs"), shares))
+
+
+def check(run_dir: Path, checkpoint: Path, code: Path, images: int) -> None:
+    import pandas as pd
+
+    from qtrain.run import at_checkpoint
+
+    torch.Tensor.cuda = lambda self, *a, **k: self  # their model calls it; no GPU here
+    cfg, data, method, ours, _ = at_checkpoint(run_dir)
+    template, twice = _their_template(code, cfg.method.weight_bits, len(cfg.method.options))
+    import models
+
+    theirs = models.cifar10_rnn_gate_38(False, proj_dim=len(cfg.method.options))
+    qtrain_state = ours.state_dict()
+    theirs.load_state_dict(to_theirs(qtrain_state, template, twice))
+    rows = [{"state": f"qtrain's {run_dir}",
+             **_evaluate(method, ours, theirs, data, (data.mean, data.std), images)}]
+    their_state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    their_state = {k.removeprefix("module."): v for k, v in their_state.items()}
+    theirs.load_state_dict(their_state)
+    ours.load_state_dict(to_ours(their_state, qtrain_state))
+    rows.append({"state": f"the authors' {checkpoint.name}",
+                 **_evaluate(method, ours, theirs, data, THEIR_NORMALIZATION, images)})
+    print(f"the first {images} test images, in evaluation (%)")
+    print(pd.DataFrame(rows).round(2).to_string(index=False))
+
+
+def _their_loss(output: torch.Tensor, masks: list, y: torch.Tensor, options: list, weight_bits: int, target: float,
+                beta: float) -> tuple[torch.Tensor, float]:
+    """train_dp_lr.py's training loss of a forward: the task's cross-entropy plus beta times each block's mask sums
+    priced per option (forward, error and weight-gradient GEMMs at (act x weight, grad x weight, act x grad) bits over
+    32 x 32; the skip free), signed +1 where the batch's cp reaches the target and -1 below; and that cp."""
+    import torch.nn.functional as F
+
+    price = [0.0] + [(weight_bits * (a + g) + a * g) / 1024 for a, g in options[1:]]
+    cost = sum(block[k].sum() * price[k] for block in masks for k in range(len(price)))
+    cp = cost.item() / (3 * len(masks) * len(y)) * 100
+    return F.cross_entropy(output, y) + beta * cost * (1 if cp >= target else -1), cp
+
+
+GROUPS = [("gates' LSTM and projection", r"gate_controller\."), ("gates' embeddings", r"\.embed\."),
+          ("batch norms", r"(bn\d|shortcut\.1)\."), ("stage 1 blocks", r"layer1\."), ("stage 2 blocks", r"layer2\."),
+          ("stage 3 blocks", r"layer3\."), ("first convolution", r"conv1\."), ("classifier", r"fc\.")]
+
+
+def _group(name: str) -> str:
+    return next(group for group, pattern in GROUPS if re.search(pattern, name))
+
+
+def _agreement(mine: dict[str, torch.Tensor], yours: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Per group of parameters: the cosine of the two gradients and the norm ratio, mine over yours."""
+    found = {}
+    for group, _ in GROUPS:
+        keys = [k for k in mine if _group(k) == group]
+        a = torch.cat([mine[k].flatten() for k in keys]).double()
+        b = torch.cat([yours[k].flatten() for k in keys]).double()
+        cosine = (a @ b / (a.norm() * b.norm())).item()
+        found[group] = f"{cosine:.4f} / {(a.norm() / b.norm()).item():.3f}"
+    return found
+
+
+def step(run_dir: Path, code: Path, samples: int, seed: int) -> None:
+    import pandas as pd
+    import torch.nn.functional as F
+    from authors_code import DFQ_OPTIONS, _nearest_gradients
+
+    from qtrain.methods import StepInfo
+    from qtrain.run import at_checkpoint
+
+    torch.Tensor.cuda = lambda self, *a, **k: self  # their model calls it; no GPU here
+    cfg, data, method, ours, _ = at_checkpoint(run_dir)
+    template, twice = _their_template(code, cfg.method.weight_bits, len(cfg.method.options))
+    import models
+    import modules.quantize as their_quantize
+
+    theirs = models.cifar10_rnn_gate_38(False, proj_dim=len(cfg.method.options))
+    theirs.load_state_dict(to_theirs(ours.state_dict(), template, twice))
+    _nearest_gradients(ours, their_quantize)
+    chosen = torch.randperm(len(data.train.labels), generator=torch.Generator().manual_seed(seed))[:samples]
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (data.mean, data.std))
+    x = (data.train.images[chosen].float() / data.pixel_max - mean) / std
+    y = data.train.labels[chosen].long()
+    ours.eval()
+    method.profile(ours, x[:2])  # each block's cost per option, for the cost term; in evaluation: no statistics move
+
+    def our_gradients(inputs: torch.Tensor) -> tuple[dict[str, torch.Tensor], float]:
+        ours.train()
+        ours.zero_grad()
+        task = F.cross_entropy(ours(inputs), y)
+        loss = method.loss(task, StepInfo(0, 0, len(inputs)))
+        loss.backward()
+        cp = sum(float((b.gates.detach().mean(0) * c).sum()) for b, c in zip(method.blocks, method.cost_cp))
+        return {k: p.grad.clone() for k, p in ours.named_parameters() if p.grad is not None}, cp
+
+    mine, my_cp = our_gradients(x)
+    nudged, _ = our_gradients(x * (1 + 2.0 ** -20))
+    theirs.train()
+    theirs.zero_grad()
+    output, masks = theirs(x, [a for a, _ in DFQ_OPTIONS], [g for _, g in DFQ_OPTIONS])
+    loss, your_cp = _their_loss(output, masks, y, [tuple(o) for o in cfg.method.options], cfg.method.weight_bits,
+                                cfg.method.target_cp, cfg.method.beta)
+    loss.backward()
+    names, their_params = _their_gated_names(ours.state_dict()), dict(theirs.named_parameters(remove_duplicate=False))
+    yours = {k: their_params[names[k]].grad for k in mine}
+    print(f"one training step from {run_dir}'s last state on {samples} training images (seed {seed}): the batch's cp "
+          f"{my_cp:.3f} % (qtrain) / {your_cp:.3f} % (theirs); per group, the gradients' cosine / norm ratio")
+    print(pd.DataFrame([{"gradients": "qtrain against theirs", **_agreement(mine, yours)},
+                        {"gradients": "qtrain against itself, the batch x (1 + 2**-20)", **_agreement(nudged, mine)}]
+                       ).set_index("gradients").T.to_string())
+
+
 def _authors_rows(gates_csv: Path) -> list[dict]:
     import pandas as pd
 
@@ -213,20 +371,38 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("shares", help="each stage's share of block runs skipped on the test split, per epoch")
     t.add_argument("--authors", type=Path, nargs="*", default=[], help="the authors' runs' OUT/<name>_gates.csv")
     t.add_argument("--qtrain", type=Path, nargs="*", default=[], help="qtrain DFQ run directories")
+    c = sub.add_parser("check", help="both states evaluated in both models")
+    c.add_argument("run_dir", type=Path)
+    c.add_argument("checkpoint", type=Path)
+    c.add_argument("--code", type=Path, required=True, help="the authors' code, as scripts/authors_code.py extracts it")
+    c.add_argument("--images", type=int, default=10000)
+    g = sub.add_parser("step", help="one training step's gradients of both codes from a qtrain run's state")
+    g.add_argument("run_dir", type=Path)
+    g.add_argument("--code", type=Path, required=True, help="the authors' code, as scripts/authors_code.py extracts it")
+    g.add_argument("--samples", type=int, default=128)
+    g.add_argument("--seed", type=int, default=0)
     args, overrides = ap.parse_known_args(argv)  # to-qtrain's further arguments: qtrain overrides
     if args.command != "to-qtrain" and overrides:
         ap.error(f"{overrides[0]} is not allowed here: only to-qtrain takes qtrain overrides")
     if args.command == "shares":
         print_shares(args.authors, args.qtrain)
         return 0
-    if args.command == "to-authors":
-        if not (args.code / CODE / "models.py").is_file():
-            ap.error(f"--code {args.code} is not allowed: it holds no {CODE}/models.py (give OUT/code of "
-                     "scripts/authors_code.py)")
+    if args.command in ("to-authors", "check", "step") and not (args.code / CODE / "models.py").is_file():
+        ap.error(f"--code {args.code} is not allowed: it holds no {CODE}/models.py (give OUT/code of "
+                 "scripts/authors_code.py)")
+    if args.command in ("to-qtrain", "check") and not args.checkpoint.is_file():
+        ap.error(f"{args.checkpoint} is not allowed: no such file (give a checkpoint of the authors' DFQ run)")
+    if args.command == "step":
+        if not 2 <= args.samples <= 50000:
+            ap.error(f"--samples {args.samples} is not allowed: give 2 to 50000 (the training split)")
+        step(args.run_dir, args.code, args.samples, args.seed)
+    elif args.command == "check":
+        if not 1 <= args.images <= 10000:
+            ap.error(f"--images {args.images} is not allowed: give 1 to 10000 (the test split)")
+        check(args.run_dir, args.checkpoint, args.code, args.images)
+    elif args.command == "to-authors":
         write_theirs(args.run_dir, args.code, args.out)
     else:
-        if not args.checkpoint.is_file():
-            ap.error(f"{args.checkpoint} is not allowed: no such file (give a checkpoint of the authors' DFQ run)")
         if args.epochs < 1:
             ap.error(f"--epochs {args.epochs} is not allowed: train at least 1")
         bad = [o for o in overrides if not re.match(r"^[\w.]+=", o)]

@@ -72,3 +72,29 @@ def test_an_entry_the_other_side_lacks_is_refused(ours):
         crossover.to_theirs(ours, template, [])
     with pytest.raises(ValueError, match=r"the authors' checkpoint has no control.proj.weight .*gate_controller"):
         crossover.to_ours(template, ours)
+
+
+def test_the_authors_loss_prices_each_blocks_masks_and_signs_by_the_batchs_cp():
+    output, y = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1])
+    options = [(0, 0), (4, 6), (8, 16)]  # the skip, then FW4/BW6 and FW8/BW16 with 4-bit weights
+    one_hot = torch.eye(3)
+    block0 = [one_hot[[1, 2], k] for k in range(3)]  # sample 0 at FW4/BW6, sample 1 at FW8/BW16
+    block1 = [one_hot[[0, 0], k] for k in range(3)]  # both skip
+    task = torch.nn.functional.cross_entropy(output, y)
+    # prices: (4 x (4 + 6) + 4 x 6) / 1024 = 64/1024 and (4 x (8 + 16) + 8 x 16) / 1024 = 224/1024; the skip free
+    loss, cp = crossover._their_loss(output, [block0, block1], y, options, weight_bits=4, target=3.0, beta=0.01)
+    assert cp == pytest.approx(100 * (288 / 1024) / (3 * 2 * 2))  # 2.34 %: below the target, the term subtracts
+    assert loss.item() == pytest.approx(task.item() - 0.01 * 288 / 1024)
+    loss, cp = crossover._their_loss(output, [block0, block1], y, options, weight_bits=4, target=2.0, beta=0.01)
+    assert loss.item() == pytest.approx(task.item() + 0.01 * 288 / 1024)
+
+
+def test_each_parameter_falls_in_one_group(ours):
+    groups = {key: crossover._group(key) for key in ours if not key.endswith(("running_mean", "running_var",
+                                                                             "num_batches_tracked", "range", "tracked"))}
+    assert groups["gate_controller.cell.weight_ih"] == "gates' LSTM and projection"
+    assert groups["layer2.3.embed.2.weight"] == "gates' embeddings"
+    assert groups["layer3.0.block.shortcut.1.weight"] == groups["layer1.2.block.bn2.bias"] == groups["bn1.weight"] \
+        == "batch norms"
+    assert groups["layer3.0.block.shortcut.0.weight"] == groups["layer3.5.block.conv2.weight"] == "stage 3 blocks"
+    assert groups["conv1.weight"] == "first convolution" and groups["fc.bias"] == "classifier"
