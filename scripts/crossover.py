@@ -302,7 +302,7 @@ def step(run_dir: Path, code: Path, samples: int, seed: int) -> None:
         return {k: p.grad.clone() for k, p in ours.named_parameters() if p.grad is not None}, cp
 
     mine, my_cp = our_gradients(x)
-    nudged, _ = our_gradients(x * (1 + 2.0 ** -20))
+    nudged, nudged_cp = our_gradients(x * (1 + 2.0 ** -20))
     theirs.train()
     theirs.zero_grad()
     output, masks = theirs(x, [a for a, _ in DFQ_OPTIONS], [g for _, g in DFQ_OPTIONS])
@@ -312,7 +312,8 @@ def step(run_dir: Path, code: Path, samples: int, seed: int) -> None:
     names, their_params = _their_gated_names(ours.state_dict()), dict(theirs.named_parameters(remove_duplicate=False))
     yours = {k: their_params[names[k]].grad for k in mine}
     print(f"one training step from {run_dir}'s last state on {samples} training images (seed {seed}): the batch's cp "
-          f"{my_cp:.3f} % (qtrain) / {your_cp:.3f} % (theirs); per group, the gradients' cosine / norm ratio")
+          f"{my_cp:.3f} % (qtrain; {nudged_cp:.3f} % nudged) / {your_cp:.3f} % (theirs); per group, the gradients' cosine / "
+          "norm ratio")
     print(pd.DataFrame([{"gradients": "qtrain against theirs", **_agreement(mine, yours)},
                         {"gradients": "qtrain against itself, the batch x (1 + 2**-20)", **_agreement(nudged, mine)}]
                        ).set_index("gradients").T.to_string())
