@@ -33,7 +33,7 @@ authors' checkpoint each in both models, qtrain's and theirs (with the state map
 test images, each state with its own code's input normalization (theirs divides by the std 0.2023/0.1994/0.2010,
 qtrain by CIFAR-10's 0.247/0.244/0.262; a model in evaluation reads its inputs through batch-norm statistics
 gathered at its code's scale), and prints each model's top-1, how often the two models' predictions and gate
-choices agree, and each stage's skip share.
+choices agree, and each model's share of stage 3's block runs skipped.
 
 ``step`` compares one training step of the two codes from RUN_DIR's last state: both models in training mode on
 the same batch of ``--samples`` training images drawn with ``--seed`` (no augmentation), each code's loss (the task's
@@ -45,7 +45,8 @@ lies that near a rounding boundary moves a level, and with it a batch's range an
 
 The state maps as ``scripts/authors_code.py --check-gates`` maps a qtrain model into theirs (its
 ``_their_gated_names``), and each quantizer's running activation range between qtrain's (low, high) and their zero
-point and width.
+point and width. Their model registers a downsampling block's skip convolution and batch norm twice (as
+``group{g}_ds0``/``group{g}_bn0`` and within ``group{g}_layer0``), so each is written under both names.
 """
 
 from __future__ import annotations
