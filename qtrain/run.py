@@ -114,7 +114,7 @@ class Preflight:
 
     device: torch.device
     method: Method
-    initial: dict[str, torch.Tensor] | None  # model weights from train.init_from
+    initial: dict[str, torch.Tensor] | None  # the model state to start from: train.init_from's, or run(initial=)
 
 
 def preflight(cfg: DictConfig, run_dir: str | Path, initial: dict[str, torch.Tensor] | None = None) -> Preflight:

@@ -99,10 +99,10 @@ def to_theirs(ours: dict[str, torch.Tensor], template: dict[str, torch.Tensor],
             raise ValueError(f"qtrain's {key} {tuple(value.shape)} has no entry {names[key]} of that shape in the "
                              "authors' model")
     for group in aliases:
-        source = [key for key in group if key in given]
-        for key in group:
-            if source:
-                theirs[key] = theirs[source[0]].clone()
+        source = next((key for key in group if key in given), None)
+        if source is not None:
+            for key in group:
+                theirs[key] = theirs[source].clone()
     return theirs
 
 
