@@ -331,16 +331,20 @@ GATE_CHECK = ["experiment=fractrain_table3", "model=resnet38", "data=cifar10", "
               "method.weight_bits=4", "method.execution=mix_all"]  # the DFQ reference run's settings
 
 
-def _gated_pair(their_models: Any, cfg: Any, seed: int, sample: Any) -> tuple[Any, Any, Any]:
-    """qtrain's DFQ method and model, built after seeding torch with ``seed`` and profiled on ``sample``, and the
-    authors' gated ResNet-38 holding the same weights; both in training mode."""
-
+def dfq_resnet38(cfg: Any) -> tuple[Any, Any]:
+    """qtrain's DFQ method of ``cfg`` and the CIFAR-10 ResNet-38 it has prepared."""
     from qtrain.methods import build_method
     from qtrain.models import build_model
 
-    torch.manual_seed(seed)
     method = build_method(cfg.method)
-    ours = method.prepare(build_model("resnet38", cfg.model, in_channels=3, num_classes=10, input_size=(32, 32)))
+    return method, method.prepare(build_model("resnet38", cfg.model, in_channels=3, num_classes=10, input_size=(32, 32)))
+
+
+def _gated_pair(their_models: Any, cfg: Any, seed: int, sample: Any) -> tuple[Any, Any, Any]:
+    """qtrain's DFQ method and model, built after seeding torch with ``seed`` and profiled on ``sample``, and the
+    authors' gated ResNet-38 holding the same weights; both in training mode."""
+    torch.manual_seed(seed)
+    method, ours = dfq_resnet38(cfg)
     ours.eval()
     method.profile(ours, sample)  # in evaluation: no batch-norm update
     theirs = their_models.cifar10_rnn_gate_38(False, proj_dim=len(cfg.method.options))
@@ -366,14 +370,14 @@ def _block_inputs(method: Any, model: Any, x: Any, y: Any) -> tuple[dict, float]
 
 
 def _their_cost_term(choices: Any, options: list[tuple[int, int]], weight_bits: int, target: float,
-                     beta: float) -> float:
+                     beta: float) -> tuple[Any, float]:
     """The cost term of ``choices`` (blocks, samples, options) as train_dp.py prices it: an option's forward, error and
     weight-gradient GEMMs at (act x weight, grad x weight, act x grad) bits over 32 x 32 each, every block alike,
-    signed by whether the batch's cp reaches ``target``."""
+    signed by whether the batch's cp reaches ``target``; with that cp. The term keeps ``choices``' gradient."""
     price = torch.tensor([(weight_bits * (a + g) + a * g) / 1024 for a, g in options])
-    cost = (choices.sum(1) * price).sum().item()
-    cp = cost / choices.shape[1] / (3 * choices.shape[0]) * 100
-    return (1 if cp >= target else -1) * beta * cost
+    cost = (choices.sum(1) * price).sum()
+    cp = cost.item() / choices.shape[1] / (3 * choices.shape[0]) * 100
+    return (1 if cp >= target else -1) * beta * cost, cp
 
 
 def _compare_block(b: int, block: Any, theirs: Any, given: Any, act_bits: list[int], weight_bits: int,
@@ -502,7 +506,8 @@ def check_gates(code: Path, data: Path) -> None:
         method, ours, theirs = _gated_pair(models, cfg, seed, x[:2])
         inputs, ours_term = _block_inputs(method, ours, x, y)
         choices = torch.stack([block.gates.detach() for block in method.blocks])  # (blocks, samples, options)
-        term = _their_cost_term(choices, options, cfg.method.weight_bits, cfg.method.target_cp, cfg.method.beta)
+        term = _their_cost_term(choices, options, cfg.method.weight_bits, cfg.method.target_cp,
+                                cfg.method.beta)[0].item()
         with torch.no_grad():
             found = [_compare_block(b, block, theirs, inputs[block], [a for a, _ in options[1:]],
                                     cfg.method.weight_bits, their_quantize) for b, block in enumerate(method.blocks)]

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors_code import CODE, GATE_CHECK, _their_gated_names  # noqa: E402
+from authors_code import CODE, GATE_CHECK, _their_cost_term, _their_gated_names, dfq_resnet38  # noqa: E402
 
 RANGE = ".quant.act.running_range"  # qtrain's (low, high) of a quantized convolution's input
 TRACKED = ".quant.act.tracked"
@@ -128,14 +128,10 @@ def to_ours(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> d
 def _qtrain_dfq(overrides: list[str]) -> tuple[Any, dict[str, torch.Tensor]]:
     """The DFQ log's run's config with ``overrides``, and a freshly prepared qtrain model's state for it."""
     from qtrain.config.command_line import compose_config
-    from qtrain.methods import build_method
-    from qtrain.models import build_model
     from qtrain.resources import conf_dir
 
     cfg = compose_config(conf_dir(), [*GATE_CHECK, *overrides])
-    model = build_method(cfg.method).prepare(build_model("resnet38", cfg.model, in_channels=3, num_classes=10,
-                                                         input_size=(32, 32)))
-    return cfg, model.state_dict()
+    return cfg, dfq_resnet38(cfg)[1].state_dict()
 
 
 def aliases(state: dict[str, torch.Tensor]) -> list[list[str]]:
@@ -146,25 +142,32 @@ def aliases(state: dict[str, torch.Tensor]) -> list[list[str]]:
     return [keys for keys in by_memory.values() if len(keys) > 1]
 
 
-def _their_template(code: Path, weight_bits: int, options: int) -> tuple[dict[str, torch.Tensor], list[list[str]]]:
-    """A freshly built authors' gated ResNet-38's state, and its names that alias one tensor."""
+def _their_model(code: Path, weight_bits: int, options: int) -> Any:
+    """A freshly built authors' gated ResNet-38 from their code in ``code``."""
+    torch.Tensor.cuda = lambda self, *a, **k: self  # their code calls it unconditionally; no GPU here
     sys.path.insert(0, str(code / CODE))
     import models
 
     models.WEIGHT_BITS = weight_bits  # read when their layers are built
-    state = models.cifar10_rnn_gate_38(False, proj_dim=options).state_dict()
-    return state, aliases(state)
+    return models.cifar10_rnn_gate_38(False, proj_dim=options)
+
+
+def _loaded(theirs: Any, ours: dict[str, torch.Tensor]) -> Any:
+    """``theirs`` holding qtrain's state ``ours``."""
+    template = theirs.state_dict()
+    theirs.load_state_dict(to_theirs(ours, template, aliases(template)))
+    return theirs
 
 
 def write_theirs(run_dir: Path, code: Path, out: Path) -> None:
     from qtrain.run import at_checkpoint
 
     cfg, _, _, model, state = at_checkpoint(run_dir)
-    theirs = to_theirs(model.state_dict(), *_their_template(code, cfg.method.weight_bits, len(cfg.method.options)))
+    theirs = _loaded(_their_model(code, cfg.method.weight_bits, len(cfg.method.options)), model.state_dict())
     epoch = state["progress"]["epoch"]
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"iter": epoch * ITERS_PER_EPOCH, "arch": "cifar10_rnn_gate_38", "best_prec1": 0.0,
-                "state_dict": {f"module.{k}": v for k, v in theirs.items()}}, out)
+                "state_dict": {f"module.{k}": v for k, v in theirs.state_dict().items()}}, out)
     print(f"{out}: qtrain's {run_dir} after epoch {epoch} as the authors' model (iteration {epoch * ITERS_PER_EPOCH})")
 
 
@@ -182,6 +185,11 @@ def train_ours(checkpoint: Path, out: Path, epochs: int, overrides: list[str]) -
 CHUNK = 1000  # test images evaluated at once
 
 
+def _normalized(images: torch.Tensor, pixel_max: float, stats: tuple) -> torch.Tensor:
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in stats)
+    return (images.float() / pixel_max - mean) / std
+
+
 def _evaluate(method: Any, ours: Any, theirs: Any, data: Any, stats: tuple, images: int) -> dict[str, float]:
     """Both models in evaluation on the first ``images`` test images normalized by ``stats``: each one's top-1, the
     share of samples they predict alike and of block decisions they take alike, and each model's share of stage 3's
@@ -190,10 +198,9 @@ def _evaluate(method: Any, ours: Any, theirs: Any, data: Any, stats: tuple, imag
 
     ours.eval()
     theirs.eval()
-    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in stats)
     counts = torch.zeros(6)
     for first in range(0, images, CHUNK):
-        x = (data.test.images[first:min(images, first + CHUNK)].float() / data.pixel_max - mean) / std
+        x = _normalized(data.test.images[first:min(images, first + CHUNK)], data.pixel_max, stats)
         y = data.test.labels[first:first + len(x)].long()
         with torch.no_grad():
             mine = ours(x)
@@ -215,14 +222,9 @@ def check(run_dir: Path, checkpoint: Path, code: Path, images: int) -> None:
 
     from qtrain.run import at_checkpoint
 
-    torch.Tensor.cuda = lambda self, *a, **k: self  # their model calls it; no GPU here
     cfg, data, method, ours, _ = at_checkpoint(run_dir)
-    template, twice = _their_template(code, cfg.method.weight_bits, len(cfg.method.options))
-    import models
-
-    theirs = models.cifar10_rnn_gate_38(False, proj_dim=len(cfg.method.options))
     qtrain_state = ours.state_dict()
-    theirs.load_state_dict(to_theirs(qtrain_state, template, twice))
+    theirs = _loaded(_their_model(code, cfg.method.weight_bits, len(cfg.method.options)), qtrain_state)
     rows = [{"state": f"qtrain's {run_dir}",
              **_evaluate(method, ours, theirs, data, (data.mean, data.std), images)}]
     their_state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
@@ -237,15 +239,14 @@ def check(run_dir: Path, checkpoint: Path, code: Path, images: int) -> None:
 
 def _their_loss(output: torch.Tensor, masks: list, y: torch.Tensor, options: list, weight_bits: int, target: float,
                 beta: float) -> tuple[torch.Tensor, float]:
-    """train_dp_lr.py's training loss of a forward: the task's cross-entropy plus beta times each block's mask sums
-    priced per option (forward, error and weight-gradient GEMMs at (act x weight, grad x weight, act x grad) bits over
-    32 x 32; the skip free), signed +1 where the batch's cp reaches the target and -1 below; and that cp."""
+    """train_dp_lr.py's training loss of a forward, whose ``masks`` are per block a list of each option's (samples,)
+    mask: the task's cross-entropy plus the cost term of ``scripts/authors_code.py`` (the skip free, signed by the
+    batch's cp against the target); and that cp."""
     import torch.nn.functional as F
 
-    price = [0.0] + [(weight_bits * (a + g) + a * g) / 1024 for a, g in options[1:]]
-    cost = sum(block[k].sum() * price[k] for block in masks for k in range(len(price)))
-    cp = cost.item() / (3 * len(masks) * len(y)) * 100
-    return F.cross_entropy(output, y) + beta * cost * (1 if cp >= target else -1), cp
+    term, cp = _their_cost_term(torch.stack([torch.stack(block, 1) for block in masks]), options, weight_bits, target,
+                                beta)
+    return F.cross_entropy(output, y) + term, cp
 
 
 GROUPS = [("gates' LSTM and projection", r"gate_controller\."), ("gates' embeddings", r"\.embed\."),
@@ -277,18 +278,14 @@ def step(run_dir: Path, code: Path, samples: int, seed: int) -> None:
     from qtrain.methods import StepInfo
     from qtrain.run import at_checkpoint
 
-    torch.Tensor.cuda = lambda self, *a, **k: self  # their model calls it; no GPU here
     cfg, data, method, ours, _ = at_checkpoint(run_dir)
-    template, twice = _their_template(code, cfg.method.weight_bits, len(cfg.method.options))
-    import models
+    theirs = _loaded(_their_model(code, cfg.method.weight_bits, len(cfg.method.options)), ours.state_dict())
     import modules.quantize as their_quantize
 
-    theirs = models.cifar10_rnn_gate_38(False, proj_dim=len(cfg.method.options))
-    theirs.load_state_dict(to_theirs(ours.state_dict(), template, twice))
     _nearest_gradients(ours, their_quantize)
     chosen = torch.randperm(len(data.train.labels), generator=torch.Generator().manual_seed(seed))[:samples]
-    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (data.mean, data.std))
-    x = (data.train.images[chosen].float() / data.pixel_max - mean) / std
+    x = _normalized(data.train.images[chosen], data.pixel_max, (data.mean, data.std))
+    options = [tuple(o) for o in cfg.method.options]
     y = data.train.labels[chosen].long()
     ours.eval()
     method.profile(ours, x[:2])  # each block's cost per option, for the cost term; in evaluation: no statistics move
@@ -299,7 +296,8 @@ def step(run_dir: Path, code: Path, samples: int, seed: int) -> None:
         task = F.cross_entropy(ours(inputs), y)
         loss = method.loss(task, StepInfo(0, 0, len(inputs)))
         loss.backward()
-        cp = sum(float((b.gates.detach().mean(0) * c).sum()) for b, c in zip(method.blocks, method.cost_cp))
+        choices = torch.stack([block.gates.detach() for block in method.blocks])  # priced as theirs: the same cp
+        cp = _their_cost_term(choices, options, cfg.method.weight_bits, cfg.method.target_cp, cfg.method.beta)[1]
         return {k: p.grad.clone() for k, p in ours.named_parameters() if p.grad is not None}, cp
 
     mine, my_cp = our_gradients(x)
@@ -307,8 +305,8 @@ def step(run_dir: Path, code: Path, samples: int, seed: int) -> None:
     theirs.train()
     theirs.zero_grad()
     output, masks = theirs(x, [a for a, _ in DFQ_OPTIONS], [g for _, g in DFQ_OPTIONS])
-    loss, your_cp = _their_loss(output, masks, y, [tuple(o) for o in cfg.method.options], cfg.method.weight_bits,
-                                cfg.method.target_cp, cfg.method.beta)
+    loss, your_cp = _their_loss(output, masks, y, options, cfg.method.weight_bits, cfg.method.target_cp,
+                                cfg.method.beta)
     loss.backward()
     names, their_params = _their_gated_names(ours.state_dict()), dict(theirs.named_parameters(remove_duplicate=False))
     yours = {k: their_params[names[k]].grad for k in mine}
