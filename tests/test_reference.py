@@ -44,10 +44,10 @@ def runs_and_reference(tmp_path):
 
 
 def _section(text: str, heading: str) -> pd.DataFrame:
-    """The markdown table under the heading that starts with ``heading``."""
+    """The markdown table under the heading that starts with ``heading``, its missing figures (``-``) as NaN."""
     lines = [*text.split(f"## {heading}", 1)[1].splitlines()[2:], ""]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[:lines.index("")]]
-    return pd.DataFrame(rows[2:], columns=rows[0])
+    return pd.DataFrame(rows[2:], columns=rows[0]).replace("-", math.nan)
 
 
 def test_each_epoch_beside_the_reference_with_the_differences_counted_by_hand(runs_and_reference, tmp_path):

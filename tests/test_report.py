@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from qtrain.report.cli import latex, main, report
+from qtrain.report.cli import latex, main, markdown, report
 from qtrain.report.figure_style import by_config, config_label, config_style, groups, method_colour
 from qtrain.report.paper import command, compare, load_table, missing, paper_tables, views
 from qtrain.report.run_plots import _average_bits, write_plots
@@ -775,6 +775,14 @@ def test_latex_escapes_what_latex_reads_as_commands():
     assert r"a\_b \& c" in text and r"50\% \#1 \$x\$ \{y\}" in text
     assert r"76.00 $\pm$ 1.41" in text and r"$\Delta$ -2" in text
     assert all(ord(character) < 128 for character in text)  # nothing the default input encoding lacks
+
+
+def test_a_missing_figure_reads_as_a_dash_in_markdown_as_in_latex():
+    frame = pd.DataFrame({"epoch": [1, 2], "range": [2.5, float("nan")], "note": ["a", None]})
+    rows = markdown(frame).splitlines()
+    assert [cell.strip() for cell in rows[2].strip("|").split("|")] == ["1", "2.5", "a"]
+    assert [cell.strip() for cell in rows[3].strip("|").split("|")] == ["2", "-", "-"]
+    assert "nan" not in latex(frame) and " - " in latex(frame)
 
 
 @pytest.mark.slow

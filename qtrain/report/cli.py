@@ -188,6 +188,11 @@ def latex(frame: pd.DataFrame) -> str:
     return "\\resizebox{\\linewidth}{!}{%\n" + text + "}\n"
 
 
+def markdown(frame: pd.DataFrame) -> str:
+    """``frame`` as a Markdown table whose missing figures read ``-``, as in the LaTeX and HTML exports."""
+    return frame.astype(object).where(frame.notna(), None).to_markdown(index=False, missingval="-")
+
+
 def _beside(path: Path, name: str) -> Path:
     return path.with_name(f"{path.stem}-{name}{path.suffix}")
 
@@ -331,7 +336,7 @@ def report(argv: list[str] | None = None) -> str:
         _write_html(args.plots / "report.html", sections, images)
     lines = []
     for heading, frame, note in sections:
-        lines += [f"## {heading}", "", frame.to_markdown(index=False) if len(frame) else "(no run matches a cell)", ""]
+        lines += [f"## {heading}", "", markdown(frame) if len(frame) else "(no run matches a cell)", ""]
         if note:
             lines += [note, ""]
     return "\n".join(lines)
