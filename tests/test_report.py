@@ -448,6 +448,25 @@ def test_average_bits_count_skipped_work_as_zero_bits():
     assert bits["a"] == pytest.approx(0.3 * 4 + 0.5 * 6) and bits["b"] == 32
 
 
+def test_a_precision_plot_draws_only_operands_whose_width_changes(tmp_path, monkeypatch):
+    # DYNASTY-like: weight bits per block change, activations and gradients stay at 8 bits, their shares summing
+    # to 7.999999999999999 (0.2, 0.7, 0.1 of the work); a drawn flat line would say nothing
+    rows = [{"epoch": e, "step": 10 * e, "layer": f"l{k}", "format": "range-linear", "share": share,
+             "weight_bits": w, "act_bits": 8, "grad_bits": 8, "grad_weight_bits": 8}
+            for e in (1, 2) for k in range(12) for share, w in ((0.2, 4), (0.7, 2 + e), (0.1, 2))]
+    fake_run(tmp_path, "dyn", "dynasty", [0.4, 0.6], [1e9, 2e9], model="resnet20", precision=rows)
+    drawn = {}
+    monkeypatch.setattr("qtrain.report.run_plots.save", lambda fig, path: drawn.setdefault(path.name, fig) and path)
+    write_plots(find_runs([tmp_path]), tmp_path / "plots")
+    (fig,) = [fig for name, fig in drawn.items() if name.startswith("precision-")]
+    panels = [axes for axes in fig.axes if axes.get_label() != "<colorbar>"]
+    assert [axes.get_ylabel() for axes in panels] == ["weight bits"]
+    assert fig.get_suptitle().endswith("bits in every layer and epoch: activation 8, gradient 8, weight-gradient 8")
+    (bar,) = [axes for axes in fig.axes if axes.get_label() == "<colorbar>"]
+    ticks = [tick for tick in bar.get_yticks() if 0 <= tick <= 11]
+    assert ticks and all(tick == int(tick) for tick in ticks)  # layers 0-11, counted
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     header = path.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"

@@ -13,6 +13,7 @@ from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from qtrain.catalog import ALLOCATING, HARDWARE
 from qtrain.report.figure_style import (
@@ -49,7 +50,9 @@ def _layer_lines(axes, frame: pd.DataFrame, y: str, layers: list[str]) -> Scalar
 
 
 def _colour_bar(fig: Figure, scale: ScalarMappable, axes_list: list) -> None:
-    fig.colorbar(scale, ax=axes_list, label="layer (0 = first)", shrink=0.9)
+    bar = fig.colorbar(scale, ax=axes_list, label="layer (0 = first)", shrink=0.9)
+    bar.locator = MaxNLocator(integer=True)  # layers are counted, not measured
+    bar.update_ticks()
 
 
 def _epoch_rows(precision: pd.DataFrame) -> pd.DataFrame:
@@ -81,10 +84,14 @@ def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
         return None
     layers = _layer_order(precision)
     panels = [(_average_bits(precision, column), name) for column, name in OPERANDS if column in precision]
-    panels = [(frame, name) for frame, name in panels if not frame.empty]
-    if not panels or all(frame.bits.nunique() == 1 for frame, _ in panels):  # one width throughout: nothing to plot
+    # an operand at one width in every layer and epoch is a flat line: named in the title, not drawn (a share-weighted
+    # sum of shares that add up to 1 lands within rounding of the width, hence the rounding)
+    widths = {name: frame.bits.round(6).unique() for frame, name in panels if not frame.empty}
+    panels = [(frame, name) for frame, name in panels if len(widths.get(name, ())) > 1]
+    if not panels:
         return None
-    fig = Figure(figsize=(7.5, 2.4 * len(panels)), layout="constrained")
+    fixed = ", ".join(f"{name} {widths[name][0]:g}" for name in widths if len(widths[name]) == 1)
+    fig = Figure(figsize=(7.5, 2.4 * len(panels) + (0.4 if fixed else 0)), layout="constrained")
     axes_list = []
     for i, (frame, name) in enumerate(panels):
         axes = fig.add_subplot(len(panels), 1, i + 1)
@@ -93,8 +100,8 @@ def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
         axes_list.append(axes)
     axes.set_xlabel("epoch")
     _colour_bar(fig, scale, axes_list)
-    fig.suptitle(f"precision per layer (average over each epoch's work): {label(run, peers)}, {run.model} on {run.data}",
-                 fontsize=10)
+    title = f"precision per layer (average over each epoch's work): {label(run, peers)}, {run.model} on {run.data}"
+    fig.suptitle(title + (f"\nbits in every layer and epoch: {fixed}" if fixed else ""), fontsize=10)
     return save(fig, out / f"precision-{run_slug(run)}.png")
 
 
