@@ -449,14 +449,20 @@ def test_average_bits_count_skipped_work_as_zero_bits():
 
 
 def test_a_precision_plot_draws_only_operands_whose_width_changes(tmp_path, monkeypatch):
-    # DYNASTY-like: weight bits per block change, activations and gradients stay at 8 bits, their shares summing
-    # to 7.999999999999999 (0.2, 0.7, 0.1 of the work); a drawn flat line would say nothing
+    # DYNASTY-like: weight bits per block change; activations and gradients stay at 8 bits, whose share-weighted sum
+    # over 0.2, 0.7 and 0.1 of the work is 7.999999999999999; a drawn flat line would say nothing
+    assert 8 * 0.2 + 8 * 0.7 + 8 * 0.1 != 8
     rows = [{"epoch": e, "step": 10 * e, "layer": f"l{k}", "format": "range-linear", "share": share,
              "weight_bits": w, "act_bits": 8, "grad_bits": 8, "grad_weight_bits": 8}
             for e in (1, 2) for k in range(12) for share, w in ((0.2, 4), (0.7, 2 + e), (0.1, 2))]
     fake_run(tmp_path, "dyn", "dynasty", [0.4, 0.6], [1e9, 2e9], model="resnet20", precision=rows)
     drawn = {}
-    monkeypatch.setattr("qtrain.report.run_plots.save", lambda fig, path: drawn.setdefault(path.name, fig) and path)
+
+    def keep(fig, path):
+        drawn[path.name] = fig
+        return path
+
+    monkeypatch.setattr("qtrain.report.run_plots.save", keep)
     write_plots(find_runs([tmp_path]), tmp_path / "plots")
     (fig,) = [fig for name, fig in drawn.items() if name.startswith("precision-")]
     panels = [axes for axes in fig.axes if axes.get_label() != "<colorbar>"]
