@@ -69,7 +69,8 @@ def _average_bits(precision: pd.DataFrame, column: str) -> pd.DataFrame:
     rows = _epoch_rows(precision).dropna(subset=[column])
     share = rows["share"].fillna(1.0) if "share" in rows else pd.Series(1.0, index=rows.index)
     rows = rows.assign(bits=rows[column] * share)
-    return rows.groupby(["epoch", "layer"], sort=False)["bits"].sum().reset_index()
+    # rounded: shares adding up to 1 at one width sum to within a few ulps of it (8 x (0.2 + 0.7 + 0.1) is not 8)
+    return rows.groupby(["epoch", "layer"], sort=False)["bits"].sum().round(6).reset_index()
 
 
 def _layer_order(precision: pd.DataFrame) -> list[str]:
@@ -84,13 +85,13 @@ def precision_plot(run: Run, out: Path, peers: list[Run]) -> Path | None:
         return None
     layers = _layer_order(precision)
     panels = [(_average_bits(precision, column), name) for column, name in OPERANDS if column in precision]
-    # an operand at one width in every layer and epoch is a flat line: named in the title, not drawn (a share-weighted
-    # sum of shares that add up to 1 lands within rounding of the width, hence the rounding)
-    widths = {name: frame.bits.round(6).unique() for frame, name in panels if not frame.empty}
-    panels = [(frame, name) for frame, name in panels if len(widths.get(name, ())) > 1]
+    panels = [(frame, name) for frame, name in panels if not frame.empty]
+    # an operand at one width in every layer and epoch is a flat line: named in the title, not drawn
+    widths = {name: frame.bits.unique() for frame, name in panels}
+    fixed = ", ".join(f"{name} {found[0]:g}" for name, found in widths.items() if len(found) == 1)
+    panels = [(frame, name) for frame, name in panels if len(widths[name]) > 1]
     if not panels:
         return None
-    fixed = ", ".join(f"{name} {widths[name][0]:g}" for name in widths if len(widths[name]) == 1)
     fig = Figure(figsize=(7.5, 2.4 * len(panels) + (0.4 if fixed else 0)), layout="constrained")
     axes_list = []
     for i, (frame, name) in enumerate(panels):
